@@ -1,0 +1,130 @@
+"""The functional API: flash-linear-attention compatible Gated DeltaNet ops with backend dispatch."""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from gdn_fused.reference import (chunk_gated_delta_rule_ref, l2norm,
+                                 recurrent_gated_delta_rule_ref)
+from gdn_fused.validation import check_device_for_backend, check_inputs, triton_interpreted
+
+logger = logging.getLogger("gdn_fused")
+
+
+def _fused_supported(q, v, chunk_size):
+    """Why the fused kernel cannot take these inputs, or None when it can."""
+    from gdn_fused.kernels import fused_fwd
+    return fused_fwd.unsupported_reason(q, v, chunk_size)
+
+
+def resolve_backend(backend: str, q: torch.Tensor, v: torch.Tensor, chunk_size: int) -> str:
+    """Map "auto" to a concrete backend: fused where supported, else materialized on GPU,
+    torch on CPU; every fallback is logged at debug level with its reason."""
+    if backend == "fused":
+        why = _fused_supported(q, v, chunk_size)
+        if why is not None:
+            logger.debug("gdn_fused: fused backend unsupported (%s); using materialized", why)
+            return "materialized"
+        return backend
+    if backend != "auto":
+        return backend
+    if q.device.type != "cuda":
+        logger.debug("gdn_fused: auto -> torch (tensors on %s)", q.device)
+        return "torch"
+    why = _fused_supported(q, v, chunk_size)
+    if why is None:
+        return "fused"
+    logger.debug("gdn_fused: auto -> materialized (%s)", why)
+    return "materialized"
+
+
+def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
+                           output_final_state=False, cu_seqlens=None,
+                           use_qk_l2norm_in_kernel=False, chunk_size=64, backend="auto",
+                           **kwargs):
+    """Chunkwise Gated DeltaNet (Yang, Kautz & Hatamizadeh, arXiv:2412.06464, §3.3).
+
+    Per value head, with state S ∈ R^{K×V} (fp32)::
+
+        S_t = exp(g_t) (I − beta_t k_t k_tᵀ) S_{t−1} + beta_t k_t v_tᵀ,   o_t = scale · S_tᵀ q_t
+
+    Args:
+        q, k: ``[B, T, H, K]`` fp16/bf16/fp32 (fp64 on the torch backend).
+        v: ``[B, T, HV, V]``, same dtype as q; HV a multiple of H, value head j reads q/k head
+            ``j // (HV // H)`` (GVA).
+        g: ``[B, T, HV]`` per-token log-decay, natural log, ≤ 0, *not* cumulated.
+        beta: ``[B, T, HV]`` write strength, usually in (0, 1) (up to 2 with negative
+            eigenvalues).
+        scale: output scale, default ``K ** -0.5``.
+        initial_state: ``[N, HV, K, V]`` (N = B, or the number of packed sequences); any float
+            dtype, used in fp32.
+        output_final_state: return the ``[N, HV, K, V]`` fp32 final state.
+        cu_seqlens: ``[N+1]`` int32/int64 offsets of packed sequences (needs B == 1); empty
+            segments are legal (their state passes through); a buffer longer than
+            ``cu_seqlens[-1]`` gets o = 0 in its tail.
+        use_qk_l2norm_in_kernel: L2-normalise q and k (fp32, eps 1e-6) inside the op.
+        chunk_size: 16, 32 or 64.
+        backend: "auto" | "torch" | "materialized" | "fused". auto: fused on CUDA where
+            supported, else materialized on CUDA, torch on CPU.
+        **kwargs: ignored (Hugging Face passes extra arguments).
+
+    Returns:
+        ``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] fp32 or None)``.
+
+    Raises:
+        TypeError / ValueError naming the argument, before any kernel launches, for wrong
+        shapes, dtypes, head counts, cu_seqlens, chunk_size or backend, and for a Triton
+        backend on CPU tensors without TRITON_INTERPRET=1.
+    """
+    check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_size, backend)
+    backend = resolve_backend(backend, q, v, chunk_size)
+    check_device_for_backend(backend, q.device)
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    if backend == "torch":
+        o, ht = chunk_gated_delta_rule_ref(q, k, v, g, beta, scale, initial_state,
+                                           output_final_state, cu_seqlens,
+                                           use_qk_l2norm_in_kernel, chunk_size)
+        ht = ht.float() if ht is not None and ht.dtype != torch.float64 else ht
+        return o.to(q.dtype), ht
+    from gdn_fused.autograd import chunk_gated_delta_rule_triton
+    return chunk_gated_delta_rule_triton(q, k, v, g, beta, float(scale), initial_state,
+                                         output_final_state, cu_seqlens,
+                                         use_qk_l2norm_in_kernel, chunk_size, backend)
+
+
+def fused_recurrent_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, initial_state=None,
+                                     output_final_state=False, cu_seqlens=None,
+                                     use_qk_l2norm_in_kernel=False, backend="auto", **kwargs):
+    """Token-by-token Gated DeltaNet for decode (a few tokens), state updated in fp32.
+
+    Same conventions, shapes and errors as :func:`chunk_gated_delta_rule`; g defaults to 0
+    (no decay) and beta to 1. backend: "auto" (one Triton launch on CUDA, the torch recurrence
+    on CPU), "torch", or "triton" (CUDA, or CPU with TRITON_INTERPRET=1).
+
+    Returns ``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] fp32 or None)``."""
+    if g is None and isinstance(v, torch.Tensor):
+        g = v.new_zeros(v.shape[:3], dtype=torch.float32)
+    if beta is None and isinstance(v, torch.Tensor):
+        beta = v.new_ones(v.shape[:3], dtype=torch.float32)
+    if backend not in ("auto", "torch", "triton"):
+        raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
+    check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, 64, "auto")
+    if backend == "auto":
+        backend = "triton" if q.device.type == "cuda" else "torch"
+    if backend == "triton" and q.device.type != "cuda" and not triton_interpreted():
+        raise ValueError("backend='triton' needs CUDA tensors, or TRITON_INTERPRET=1 on CPU")
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    if backend == "torch":
+        o, ht = recurrent_gated_delta_rule_ref(q, k, v, g, beta, scale, initial_state,
+                                               output_final_state, cu_seqlens,
+                                               use_qk_l2norm_in_kernel)
+        ht = ht.float() if ht is not None and ht.dtype != torch.float64 else ht
+        return o.to(q.dtype), ht
+    from gdn_fused.kernels.recurrent import fused_recurrent_fwd
+    if use_qk_l2norm_in_kernel:
+        q, k = l2norm(q), l2norm(k)
+    return fused_recurrent_fwd(q, k, v, g, beta, float(scale), initial_state,
+                               output_final_state, cu_seqlens)

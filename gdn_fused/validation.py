@@ -1,0 +1,97 @@
+"""Argument checks shared by every entry point: each bad input raises before a kernel launches."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+BACKENDS = ("auto", "torch", "materialized", "fused")
+CHUNK_SIZES = (16, 32, 64)
+MAX_HEAD_DIM = 256  # register/shared-memory budget of the Triton kernels for one state tile
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def triton_interpreted() -> bool:
+    """True when TRITON_INTERPRET=1: Triton kernels then run on CPU tensors (numpy semantics)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _tensor(name, x):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be a floating tensor (fp16/bf16/fp32/fp64), got {x.dtype}")
+
+
+def check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_size, backend):
+    """Validate the functional API's arguments (shapes as in :mod:`gdn_fused.ops`).
+
+    Returns the number of sequences N. Raises ValueError/TypeError naming the argument."""
+    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        _tensor(name, x)
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError("q, k must be [B, T, H, K] and v [B, T, HV, V] (4-D), got "
+                         f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if q.shape != k.shape:
+        raise ValueError(f"q and k must have the same shape [B, T, H, K], got {tuple(q.shape)} "
+                         f"and {tuple(k.shape)}")
+    B, T, H, K = q.shape
+    if v.shape[:2] != (B, T):
+        raise ValueError(f"v must be [B={B}, T={T}, HV, V] like q, got {tuple(v.shape)}")
+    HV, V = v.shape[2], v.shape[3]
+    if H == 0 or HV % H != 0:
+        raise ValueError(f"the number of value heads HV={HV} (v.shape[2]) must be a multiple of "
+                         f"the number of q/k heads H={H} (q.shape[2])")
+    if K > MAX_HEAD_DIM or V > MAX_HEAD_DIM or K < 1 or V < 1:
+        raise ValueError(f"head dims must be in [1, {MAX_HEAD_DIM}], got K={K} (q.shape[3]) and "
+                         f"V={V} (v.shape[3])")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    for name, x in (("g", g), ("beta", beta)):
+        if tuple(x.shape) != (B, T, HV):
+            raise ValueError(f"{name} must be [B, T, HV] = {(B, T, HV)}, got {tuple(x.shape)}")
+    if scale is not None and not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a Python float or None, got {type(scale).__name__}")
+    if chunk_size not in CHUNK_SIZES:
+        raise ValueError(f"chunk_size must be one of {CHUNK_SIZES}, got {chunk_size!r}")
+    devices = {x.device for x in (q, k, v, g, beta)}
+    if len(devices) != 1:
+        raise ValueError(f"q, k, v, g, beta must be on one device, got {sorted(map(str, devices))}")
+
+    N = B
+    if cu_seqlens is not None:
+        if not isinstance(cu_seqlens, torch.Tensor):
+            raise TypeError(f"cu_seqlens must be a torch.Tensor, got {type(cu_seqlens).__name__}")
+        if cu_seqlens.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"cu_seqlens must be int32 or int64, got {cu_seqlens.dtype}")
+        if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+            raise ValueError("cu_seqlens must be 1-D with N+1 >= 2 offsets, got shape "
+                             f"{tuple(cu_seqlens.shape)}")
+        if B != 1:
+            raise ValueError(f"cu_seqlens needs packed input with B == 1, got B={B}")
+        cu = cu_seqlens.detach().cpu()  # validation is allowed one host read (not under graphs)
+        if int(cu[0]) != 0:
+            raise ValueError(f"cu_seqlens must start at 0, got {int(cu[0])}")
+        if bool((cu[1:] < cu[:-1]).any()):
+            raise ValueError("cu_seqlens must be non-decreasing (empty segments are allowed)")
+        if int(cu[-1]) > T:
+            # A buffer longer than cu_seqlens[-1] is legal (its tail gets o = 0); one shorter
+            # would make the kernels read past the end.
+            raise ValueError(f"cu_seqlens[-1]={int(cu[-1])} exceeds the packed length T={T}")
+        N = cu_seqlens.numel() - 1
+    if initial_state is not None:
+        _tensor("initial_state", initial_state)
+        if tuple(initial_state.shape) != (N, HV, K, V):
+            raise ValueError(f"initial_state must be [N, HV, K, V] = {(N, HV, K, V)}, got "
+                             f"{tuple(initial_state.shape)}")
+    return N
+
+
+def check_device_for_backend(backend: str, device: torch.device):
+    """Triton backends need CUDA tensors, or CPU tensors under TRITON_INTERPRET=1."""
+    if backend in ("materialized", "fused") and device.type != "cuda" and not triton_interpreted():
+        raise ValueError(f"backend={backend!r} runs Triton kernels: it needs CUDA tensors, or CPU "
+                         f"tensors with TRITON_INTERPRET=1; got tensors on {device}. Use "
+                         "backend='torch' (or 'auto') on CPU.")

@@ -1,0 +1,1 @@
+"""Triton kernels of gdn-fused (installed as ``gdn_fused.kernels``)."""
