@@ -1,0 +1,57 @@
+"""Chunk bookkeeping shared by the chunk-parallel kernels of the materialized path.
+
+Dense batches use program id (i_t, b·HV + hv) directly. Packed sequences (cu_seqlens) number
+their chunks globally: ``chunk_indices[c] = (sequence n, chunk index inside n)`` and
+``chunk_offsets[n]`` is the global index of sequence n's first chunk (for per-chunk states).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+def prepare_chunk_indices(cu_seqlens: torch.Tensor, chunk_size: int):
+    """Return (chunk_indices int32 [NT, 2], chunk_offsets int32 [N+1], NT) for packed input.
+
+    Reads cu_seqlens on the host once (the chunk count sets the grid size)."""
+    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).cpu()
+    nchunks = (lens + chunk_size - 1) // chunk_size
+    offsets = torch.zeros(len(lens) + 1, dtype=torch.int64)
+    offsets[1:] = nchunks.cumsum(0)
+    NT = int(offsets[-1])
+    seq = torch.repeat_interleave(torch.arange(len(lens)), nchunks)
+    local = torch.arange(NT) - offsets[:-1].repeat_interleave(nchunks)
+    indices = torch.stack([seq, local], 1).to(torch.int32)
+    dev = cu_seqlens.device
+    return indices.to(dev), offsets.to(torch.int32).to(dev), NT
+
+
+@triton.jit
+def chunk_program(i_t, i_b, T, cu_seqlens, chunk_indices, IS_VARLEN: tl.constexpr):
+    """Map a chunk program to (sequence n, chunk index in it, first token row, sequence length).
+
+    Rows are counted in the flattened [B·T] token axis; dense batch b starts at row b·T."""
+    if IS_VARLEN:
+        i_n = tl.load(chunk_indices + i_t * 2).to(tl.int32)
+        i_t = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int32)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int32)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int32)
+        seqlen = eos - bos
+    else:
+        i_n = i_b
+        bos = i_b * T
+        seqlen = T
+    return i_n, i_t, bos, seqlen
+
+
+@triton.jit
+def sequence_program(i_n, T, cu_seqlens, IS_VARLEN: tl.constexpr):
+    """First token row and length of sequence i_n (dense: batch row i_n)."""
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int32)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int32)
+    else:
+        bos = i_n * T
+        eos = bos + T
+    return bos, eos - bos

@@ -1,0 +1,81 @@
+"""The chunk-state recurrence: per sequence and value head, sequential over chunks.
+
+    h_c   = state entering chunk c (stored for the output kernel)
+    V'_c  = U_c − W_c h_c                                 ("v_new")
+    h_c+1 = e^{G_C} h_c + (diag(e^{G_C − G}) K_c)ᵀ V'_c    (fp32, in registers)
+"""
+import torch
+import triton
+import triton.language as tl
+
+from gdn_fused.kernels.chunk_index import sequence_program
+
+
+@triton.jit
+def chunk_state_kernel(k, w, u, G, h, v_new, h0, ht, cu_seqlens, chunk_offsets, T,
+                       H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                       USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
+                       IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr):
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H)
+    bos, seqlen = sequence_program(i_n, T, cu_seqlens, IS_VARLEN)
+    NT = tl.cdiv(seqlen, BT)
+    if IS_VARLEN:
+        boh = tl.load(chunk_offsets + i_n).to(tl.int32)
+    else:
+        boh = i_n * tl.cdiv(T, BT)
+    p_state = (i_n * HV + i_hv) * K * V
+    b_h = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_INITIAL_STATE:
+        p_h0 = tl.make_block_ptr(h0 + p_state, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+        b_h = tl.load(p_h0, boundary_check=(0, 1)).to(tl.float32)
+    o_i = tl.arange(0, BT)
+    for i_t in range(NT):
+        p_h = tl.make_block_ptr(h + ((boh + i_t) * HV + i_hv) * K * V, (K, V), (V, 1),
+                                (0, i_v * BV), (BK, BV), (1, 0))
+        tl.store(p_h, b_h.to(p_h.dtype.element_ty), boundary_check=(0, 1))
+        p_w = tl.make_block_ptr(w + (bos * HV + i_hv) * K, (seqlen, K), (HV * K, 1),
+                                (i_t * BT, 0), (BT, BK), (1, 0))
+        p_u = tl.make_block_ptr(u + (bos * HV + i_hv) * V, (seqlen, V), (HV * V, 1),
+                                (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+        p_vn = tl.make_block_ptr(v_new + (bos * HV + i_hv) * V, (seqlen, V), (HV * V, 1),
+                                 (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+        p_k = tl.make_block_ptr(k + (bos * H + i_h) * K, (K, seqlen), (1, H * K),
+                                (0, i_t * BT), (BK, BT), (0, 1))
+        b_w = tl.load(p_w, boundary_check=(0, 1))
+        b_vn = tl.load(p_u, boundary_check=(0, 1)).to(tl.float32) - \
+            tl.dot(b_w, b_h.to(b_w.dtype), input_precision=DOT_PREC)
+        tl.store(p_vn, b_vn.to(p_vn.dtype.element_ty), boundary_check=(0, 1))
+        last = tl.minimum((i_t + 1) * BT, seqlen) - 1
+        b_G_last = tl.load(G + (bos + last) * HV + i_hv)
+        valid = (i_t * BT + o_i) < seqlen
+        b_G = tl.load(G + (bos + i_t * BT + o_i) * HV + i_hv, mask=valid, other=0.)
+        # decay each row to the chunk end; G_C − G_i ≤ 0, so the exp cannot overflow
+        b_vn = b_vn * tl.where(valid, tl.exp(tl.where(valid, b_G_last - b_G, 0.)), 0.)[:, None]
+        b_k = tl.load(p_k, boundary_check=(0, 1))
+        b_h = b_h * tl.exp(b_G_last) + tl.dot(b_k, b_vn.to(b_k.dtype), input_precision=DOT_PREC)
+    if STORE_FINAL_STATE:
+        p_ht = tl.make_block_ptr(ht + p_state, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+        tl.store(p_ht, b_h, boundary_check=(0, 1))
+
+
+def chunk_state(k, w, u, G, initial_state, output_final_state, chunk_size, num_seqs,
+                cu_seqlens=None, chunk_offsets=None, num_chunks=None, dot_precision="ieee"):
+    """Returns (h [NT_total, HV, K, V] in k's dtype, v_new like u, final_state fp32 or None)."""
+    B, T, H, K = k.shape
+    HV, V = u.shape[2], u.shape[3]
+    NT = num_chunks if cu_seqlens is not None else B * triton.cdiv(T, chunk_size)
+    h = k.new_empty(NT, HV, K, V)
+    v_new = torch.empty_like(u)
+    ht = k.new_empty(num_seqs, HV, K, V, dtype=torch.float32) if output_final_state else None
+    BK = max(16, triton.next_power_of_2(K))
+    BV = min(64 if BK <= 128 else 32, max(16, triton.next_power_of_2(V)))
+    grid = (triton.cdiv(V, BV), num_seqs * HV)
+    chunk_state_kernel[grid](k, w, u, G, h, v_new, initial_state, ht, cu_seqlens, chunk_offsets,
+                             T, H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK, BV=BV,
+                             USE_INITIAL_STATE=initial_state is not None,
+                             STORE_FINAL_STATE=output_final_state,
+                             IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision)
+    return h, v_new, ht

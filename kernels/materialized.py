@@ -1,0 +1,50 @@
+"""The materialized forward: six kernels, intermediates in HBM (the GPU reference and fallback).
+
+    G = chunk_cumsum(g) → A = chunk_kkt(k, G, β) → T = kkt_solve(A) → W, U = recompute_w_u(T)
+      → h, V' = chunk_state(W, U) → o = chunk_output(q, k, V', h)
+"""
+import torch
+
+from gdn_fused.kernels.chunk_gate import chunk_cumsum
+from gdn_fused.kernels.chunk_index import prepare_chunk_indices
+from gdn_fused.kernels.chunk_output import chunk_output
+from gdn_fused.kernels.chunk_state import chunk_state
+from gdn_fused.kernels.kkt import chunk_kkt, dot_precision
+from gdn_fused.kernels.kkt_solve import kkt_solve
+from gdn_fused.kernels.wu import recompute_w_u
+
+
+def contiguous(*xs):
+    """HF passes strided views; the kernels index rows of contiguous [B, T, heads, dim] tensors."""
+    return [x if x is None or x.is_contiguous() else x.contiguous() for x in xs]
+
+
+def materialized_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
+                     chunk_size=64, inverse_dtype=None):
+    """Validated inputs (see gdn_fused.ops) -> (o, final_state, saved) where ``saved`` holds the
+    intermediates a backward can reuse (G, T, h, v_new).
+
+    inverse_dtype: storage dtype of T (default: fp32 for fp32 data, else the input dtype)."""
+    q, k, v, g, beta, initial_state, cu_seqlens = contiguous(q, k, v, g, beta, initial_state,
+                                                             cu_seqlens)
+    B, T = q.shape[:2]
+    HV = v.shape[2]
+    prec = dot_precision(q.dtype)
+    if cu_seqlens is not None:
+        chunk_indices, chunk_offsets, NT = prepare_chunk_indices(cu_seqlens, chunk_size)
+        N = cu_seqlens.numel() - 1
+    else:
+        chunk_indices = chunk_offsets = NT = None
+        N = B
+    idx = dict(cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, num_chunks=NT)
+    G = chunk_cumsum(g, chunk_size, **idx)
+    A = chunk_kkt(k, G, beta, HV, chunk_size, **idx)
+    Ai = kkt_solve(A, inverse_dtype or (torch.float32 if q.dtype == torch.float32 else q.dtype),
+                   dot_precision="ieee", **idx)
+    w, u = recompute_w_u(k, v, G, beta, Ai, dot_precision=prec, **idx)
+    h, v_new, ht = chunk_state(k, w, u, G, initial_state, output_final_state, chunk_size, N,
+                               cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets, num_chunks=NT,
+                               dot_precision=prec)
+    o = chunk_output(q, k, v_new, h, G, scale, chunk_size, chunk_offsets=chunk_offsets,
+                     dot_precision=prec, **idx)
+    return o, ht, dict(G=G, Ai=Ai, h=h, v_new=v_new)
