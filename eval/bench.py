@@ -1,0 +1,197 @@
+"""Speed of the Gated DeltaNet paths beside flash-linear-attention, in one process on one GPU.
+
+    python -m eval.bench [--out out/bench] [--shapes anchors] [--no-backward]
+
+Times (``triton.testing.do_bench``, median) on the inputs of ../shared/anchors.md — q, k
+L2-normalised, v ~ N(0,1), g = logsigmoid(N(0,1)), beta ~ U(0,1), initial state 0.1·N(0,1),
+output_final_state=True, bf16, K = V = 128 — for:
+
+- forward: our ``fused`` and ``materialized`` backends and fla 0.6.0 (if importable, forced onto
+  its own Triton path with FLA_FLASH_QLA=0), with the ratio to fla and the fraction of the
+  roofline floor (max of HBM bytes at the measured copy bandwidth and bf16 tensor-core FLOPs);
+- forward + backward of our backends (fla's gated backward refuses on Triton 3.6 / Hopper);
+- kkt_solve alone (fp32 A in, bf16 T out) beside fla's ``solve_tril`` on the same A, with
+  bytes moved and the fraction of the measured copy bandwidth.
+
+Writes ``bench.md`` (tables), ``bench.csv`` and ``bench.png`` into --out.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ANCHOR_SHAPES = [(1, 32768), (8, 4096), (1, 8192), (1, 2048), (32, 2048)]  # (B, T)
+H, HV, DIM, CHUNK = 16, 32, 128, 64
+TENSOR_CORE_FLOPS = 706e12  # measured dense bf16 matmul on the H200 (anchors.md)
+
+
+def make_inputs(B, T, device="cuda", dtype=torch.bfloat16, seed=0):
+    torch.manual_seed(seed)
+    q = F.normalize(torch.randn(B, T, H, DIM, device=device), dim=-1).to(dtype)
+    k = F.normalize(torch.randn(B, T, H, DIM, device=device), dim=-1).to(dtype)
+    v = torch.randn(B, T, HV, DIM, device=device, dtype=dtype)
+    g = F.logsigmoid(torch.randn(B, T, HV, device=device))
+    beta = torch.rand(B, T, HV, device=device)
+    h0 = 0.1 * torch.randn(B, HV, DIM, DIM, device=device)
+    return q, k, v, g, beta, h0
+
+
+def copy_bandwidth():
+    """Device-to-device copy, bytes read + written per second."""
+    import triton
+    x = torch.empty(1 << 28, device="cuda", dtype=torch.float32)
+    y = torch.empty_like(x)
+    ms = triton.testing.do_bench(lambda: y.copy_(x), return_mode="median")
+    return 2 * x.numel() * 4 / (ms * 1e-3)
+
+
+def roofline_floor_ms(B, T, bandwidth):
+    """Lower bound of one forward: HBM bytes at copy bandwidth vs bf16 tensor-core FLOPs."""
+    tokens = B * T
+    bytes_ = tokens * (2 * H * DIM * 2 + 2 * HV * DIM * 2 + 2 * HV * 4) + 2 * B * HV * DIM * DIM * 4
+    macs = tokens * HV * (CHUNK * (3 * DIM + 2 * DIM) + 3 * DIM * DIM + CHUNK * CHUNK // 3)
+    return max(bytes_ / bandwidth, 2 * macs / TENSOR_CORE_FLOPS) * 1e3
+
+
+def load_fla():
+    os.environ.setdefault("FLA_FLASH_QLA", "0")
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
+        from fla.ops.utils.solve_tril import solve_tril
+        return fla_chunk, solve_tril
+    except Exception as e:  # fla is a baseline, never a dependency
+        print(f"fla not importable ({e!r}): its columns stay empty")
+        return None, None
+
+
+def bench_forward(shapes, bandwidth, fla_chunk, backward):
+    import triton
+    from gdn_fused import chunk_gated_delta_rule
+    from gdn_fused.ops import resolve_backend
+    rows = []
+    for B, T in shapes:
+        q, k, v, g, beta, h0 = make_inputs(B, T)
+        row = dict(B=B, T=T, floor_ms=roofline_floor_ms(B, T, bandwidth))
+        for name in ("fused", "materialized"):
+            if name == "fused" and resolve_backend("fused", q, v, CHUNK) != "fused":
+                continue
+            fn = lambda: chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0,  # noqa
+                                                output_final_state=True, backend=name)
+            row[f"{name}_ms"] = triton.testing.do_bench(fn, return_mode="median")
+            if backward:
+                leaves = [x.detach().requires_grad_() for x in (q, k, v, g, beta)]
+                do = torch.randn_like(v)
+
+                def fwd_bwd():
+                    o, _ = chunk_gated_delta_rule(*leaves, initial_state=h0,
+                                                  output_final_state=True, backend=name)
+                    torch.autograd.grad(o, leaves, do)
+                row[f"{name}_fwdbwd_ms"] = triton.testing.do_bench(fwd_bwd, return_mode="median")
+        if fla_chunk is not None:
+            fn = lambda: fla_chunk(q, k, v, g, beta, initial_state=h0,  # noqa: E731
+                                   output_final_state=True)
+            row["fla_ms"] = triton.testing.do_bench(fn, return_mode="median")
+        print(row, flush=True)
+        rows.append(row)
+        del q, k, v, g, beta, h0
+        torch.cuda.empty_cache()
+    return rows
+
+
+def bench_kkt_solve(bandwidth, solve_tril, B=8, T=4096):
+    """kkt_solve on B·T/64·HV = 16384 chunk-head tiles: fp32 A in, bf16 T out."""
+    import triton
+    from gdn_fused.kernels.chunk_gate import chunk_cumsum
+    from gdn_fused.kernels.kkt import chunk_kkt
+    from gdn_fused.kernels.kkt_solve import kkt_solve
+    q, k, v, g, beta, _ = make_inputs(B, T)
+    A = chunk_kkt(k, chunk_cumsum(g, CHUNK), beta, HV, CHUNK)
+    ref = torch.linalg.inv(torch.eye(CHUNK, device="cuda", dtype=torch.float64) + A.double()
+                           .reshape(B, T // CHUNK, CHUNK, HV, CHUNK).permute(0, 1, 3, 2, 4))
+    ours32 = kkt_solve(A, torch.float32).reshape(B, T // CHUNK, CHUNK, HV, CHUNK).permute(0, 1, 3, 2, 4)
+    err = (ours32.double() - ref).abs().max().item()
+    row = dict(tiles=B * T // CHUNK * HV, max_abs_err_fp32=err)
+    # bytes: what the kernel must move (the strict lower triangle of A could be skipped, but
+    # the fla comparison counts all of A like anchors.md): A fp32 read + T bf16 written
+    bytes_ = A.numel() * 4 + A.numel() * 2
+    row["bytes_MB"] = bytes_ / 1e6
+    row["floor_us"] = bytes_ / bandwidth * 1e6
+    ms = triton.testing.do_bench(lambda: kkt_solve(A, torch.bfloat16), return_mode="median")
+    row["ours_us"] = ms * 1e3
+    row["ours_frac_bw"] = row["floor_us"] / row["ours_us"]
+    if solve_tril is not None:
+        ms = triton.testing.do_bench(lambda: solve_tril(A, output_dtype=torch.bfloat16),
+                                     return_mode="median")
+        row["fla_us"] = ms * 1e3
+        row["ratio_vs_fla"] = row["ours_us"] / row["fla_us"]
+        fla32 = solve_tril(A, output_dtype=torch.float32).reshape(B, T // CHUNK, CHUNK, HV, CHUNK)
+        row["fla_max_abs_err_fp32"] = (fla32.permute(0, 1, 3, 2, 4).double() - ref).abs().max().item()
+    print(row, flush=True)
+    return row
+
+
+def write_outputs(out, rows, kkt_row, bandwidth):
+    out.mkdir(parents=True, exist_ok=True)
+    keys = sorted({k for r in rows for k in r}, key=lambda s: (s not in ("B", "T"), s))
+    with open(out / "bench.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    lines = [f"copy bandwidth {bandwidth / 1e12:.2f} TB/s; bf16 tensor cores {TENSOR_CORE_FLOPS / 1e12:.0f} TFLOP/s",
+             "", "| B | T | floor ms | fla ms | materialized ms | mat/fla | fused ms | fused/fla | fused floor frac | mat fwd+bwd ms | fused fwd+bwd ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    fmt = lambda x: "" if x is None else f"{x:.3f}"  # noqa: E731
+    for r in rows:
+        fla, mat, fus = r.get("fla_ms"), r.get("materialized_ms"), r.get("fused_ms")
+        lines.append("| " + " | ".join([str(r["B"]), str(r["T"]), fmt(r["floor_ms"]), fmt(fla),
+                     fmt(mat), fmt(mat / fla if fla and mat else None), fmt(fus),
+                     fmt(fus / fla if fla and fus else None),
+                     fmt(r["floor_ms"] / fus if fus else None),
+                     fmt(r.get("materialized_fwdbwd_ms")), fmt(r.get("fused_fwdbwd_ms"))]) + " |")
+    if kkt_row:
+        lines += ["", "kkt_solve: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                                for k, v in kkt_row.items())]
+    (out / "bench.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 4))
+    labels = [f"B={r['B']}\nT={r['T']}" for r in rows]
+    xs = range(len(rows))
+    for i, (key, name) in enumerate([("fla_ms", "fla 0.6.0"), ("materialized_ms", "materialized"),
+                                     ("fused_ms", "fused"), ("floor_ms", "roofline floor")]):
+        ax.bar([x + 0.2 * i for x in xs], [r.get(key, 0) or 0 for r in rows], width=0.2, label=name)
+    ax.set_xticks([x + 0.3 for x in xs], labels)
+    ax.set_ylabel("forward time, ms (median)")
+    ax.set_title("Gated DeltaNet forward, H=16, HV=32, K=V=128, bf16, H200")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "bench.png", dpi=120)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="out/bench", type=Path)
+    p.add_argument("--shapes", default="anchors", help="'anchors' or B:T,B:T,...")
+    p.add_argument("--no-backward", action="store_true", help="skip forward+backward timing")
+    p.add_argument("--no-kkt", action="store_true", help="skip the kkt_solve benchmark")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        p.error("the benchmark needs a CUDA device")
+    shapes = ANCHOR_SHAPES if args.shapes == "anchors" else \
+        [tuple(int(x) for x in s.split(":")) for s in args.shapes.split(",")]
+    bandwidth = copy_bandwidth()
+    fla_chunk, solve_tril = load_fla()
+    kkt_row = None if args.no_kkt else bench_kkt_solve(bandwidth, solve_tril)
+    rows = bench_forward(shapes, bandwidth, fla_chunk, not args.no_backward)
+    write_outputs(args.out, rows, kkt_row, bandwidth)
+
+
+if __name__ == "__main__":
+    main()
