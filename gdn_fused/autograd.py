@@ -14,23 +14,24 @@ from gdn_fused.reference import chunk_gated_delta_rule_ref, l2norm
 
 
 def _forward(backend, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-             chunk_size):
+             chunk_size, solve_method="blocked", solve_iters=None):
     if backend == "fused":
         from gdn_fused.kernels.fused_fwd import fused_fwd
         return fused_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
                          chunk_size)
     from gdn_fused.kernels.materialized import materialized_fwd
     o, ht, _ = materialized_fwd(q, k, v, g, beta, scale, initial_state, output_final_state,
-                                cu_seqlens, chunk_size)
+                                cu_seqlens, chunk_size, solve_method=solve_method,
+                                solve_iters=solve_iters)
     return o, ht
 
 
 class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, initial_state, scale, output_final_state, cu_seqlens,
-                chunk_size, backend):
+                chunk_size, backend, solve_method, solve_iters):
         o, ht = _forward(backend, q, k, v, g, beta, scale, initial_state, output_final_state,
-                         cu_seqlens, chunk_size)
+                         cu_seqlens, chunk_size, solve_method, solve_iters)
         ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens)
         ctx.scale, ctx.chunk_size = scale, chunk_size
         return o, ht
@@ -57,16 +58,17 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
             else:
                 result.append(None)
         dq, dk, dv, dg, dbeta, dh0 = result
-        return dq, dk, dv, dg, dbeta, dh0, None, None, None, None, None
+        return dq, dk, dv, dg, dbeta, dh0, None, None, None, None, None, None, None
 
 
 def chunk_gated_delta_rule_triton(q, k, v, g, beta, scale, initial_state, output_final_state,
-                                  cu_seqlens, use_qk_l2norm_in_kernel, chunk_size, backend):
+                                  cu_seqlens, use_qk_l2norm_in_kernel, chunk_size, backend,
+                                  solve_method="blocked", solve_iters=None):
     """Run a Triton backend on validated inputs; differentiable in every input."""
     if use_qk_l2norm_in_kernel:
         # one rounding policy (gdn_fused.reference.l2norm) in every path; autograd flows through
         q, k = l2norm(q), l2norm(k)
     o, ht = ChunkGatedDeltaRuleFunction.apply(q, k, v, g, beta, initial_state, scale,
                                               output_final_state, cu_seqlens, chunk_size,
-                                              backend)
+                                              backend, solve_method, solve_iters)
     return o, (ht if output_final_state else None)
