@@ -7,7 +7,8 @@ import torch
 
 from gdn_fused.reference import (chunk_gated_delta_rule_ref, l2norm,
                                  recurrent_gated_delta_rule_ref)
-from gdn_fused.validation import check_device_for_backend, check_inputs, triton_interpreted
+from gdn_fused.validation import (check_device_for_backend, check_inputs, check_solve_method,
+                                  triton_interpreted)
 
 logger = logging.getLogger("gdn_fused")
 
@@ -42,7 +43,7 @@ def resolve_backend(backend: str, q: torch.Tensor, v: torch.Tensor, chunk_size: 
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
                            output_final_state=False, cu_seqlens=None,
                            use_qk_l2norm_in_kernel=False, chunk_size=64, backend="auto",
-                           **kwargs):
+                           solve_method="blocked", solve_iters=None, **kwargs):
     """Chunkwise Gated DeltaNet (Yang, Kautz & Hatamizadeh, arXiv:2412.06464, §3.3).
 
     Per value head, with state S ∈ R^{K×V} (fp32)::
@@ -67,6 +68,11 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
         chunk_size: 16, 32 or 64.
         backend: "auto" | "torch" | "materialized" | "fused". auto: fused on CUDA where
             supported, else materialized on CUDA, torch on CPU.
+        solve_method: the kkt_solve inverse (seed 001, Table 2): "blocked" (default, stable);
+            the Triton backends also take "mxr" and "newton_schulz", the torch backend every
+            method of :data:`gdn_fused.inverse.METHODS` (including the unstable "mch"). The
+            fused backend runs "blocked" only and hands other methods to materialized.
+        solve_iters: Newton–Schulz iterations (default 2·log2(chunk_size) + 2).
         **kwargs: ignored (Hugging Face passes extra arguments).
 
     Returns:
@@ -79,19 +85,25 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
     """
     check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_size, backend)
     backend = resolve_backend(backend, q, v, chunk_size)
+    if backend == "fused" and solve_method != "blocked":
+        logger.debug("gdn_fused: fused runs solve_method='blocked' only; using materialized")
+        backend = "materialized"
+    check_solve_method(backend, solve_method, solve_iters)
     check_device_for_backend(backend, q.device)
     if scale is None:
         scale = q.shape[-1] ** -0.5
     if backend == "torch":
         o, ht = chunk_gated_delta_rule_ref(q, k, v, g, beta, scale, initial_state,
                                            output_final_state, cu_seqlens,
-                                           use_qk_l2norm_in_kernel, chunk_size)
+                                           use_qk_l2norm_in_kernel, chunk_size,
+                                           solve_method, solve_iters)
         ht = ht.float() if ht is not None and ht.dtype != torch.float64 else ht
         return o.to(q.dtype), ht
     from gdn_fused.autograd import chunk_gated_delta_rule_triton
     return chunk_gated_delta_rule_triton(q, k, v, g, beta, float(scale), initial_state,
                                          output_final_state, cu_seqlens,
-                                         use_qk_l2norm_in_kernel, chunk_size, backend)
+                                         use_qk_l2norm_in_kernel, chunk_size, backend,
+                                         solve_method, solve_iters)
 
 
 def fused_recurrent_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, initial_state=None,

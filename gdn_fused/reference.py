@@ -79,9 +79,21 @@ def recurrent_gated_delta_rule_ref(q, k, v, g, beta, scale=None, initial_state=N
     return o, (ht if output_final_state else None)
 
 
+def _apply_inverse(A, kb, vb, solve_method, solve_iters):
+    """(T kb, T vb) for T = A⁻¹: triangular solves, or an explicit inverse by ``solve_method``."""
+    if solve_method is None:
+        solve = lambda x: torch.linalg.solve_triangular(A, x, upper=False,  # noqa: E731
+                                                        unitriangular=True)
+        return solve(kb), solve(vb)
+    from gdn_fused.inverse import invert_unit_lower
+    T = invert_unit_lower(A, solve_method, iters=solve_iters).to(A.dtype)
+    return T @ kb, T @ vb
+
+
 def chunk_gated_delta_rule_ref(q, k, v, g, beta, scale=None, initial_state=None,
                                output_final_state=True, cu_seqlens=None,
-                               use_qk_l2norm_in_kernel=False, chunk_size=64):
+                               use_qk_l2norm_in_kernel=False, chunk_size=64, solve_method=None,
+                               solve_iters=None):
     """Chunked form (design card §Chunkwise form) in PyTorch: the CPU production path.
 
     Differentiable through torch autograd. Per chunk of ``chunk_size`` tokens with cumulative
@@ -89,7 +101,11 @@ def chunk_gated_delta_rule_ref(q, k, v, g, beta, scale=None, initial_state=None,
     W = T D_beta D_exp(G) K, U = T D_beta V, V' = U − W S₀,
     O = scale (D_exp(G) Q S₀ + lowerIncl(Γ ⊙ Q Kᵀ) V'), S ← exp(G_C) S₀ + (D_exp(G_C−G) K)ᵀ V'.
     Γ_ij = exp(G_i − G_j) is formed from differences only and masked before the exp, so strong
-    decay never overflows. Returns ``(o, final_state)`` like the recurrence."""
+    decay never overflows. Returns ``(o, final_state)`` like the recurrence.
+
+    solve_method None applies T by exact triangular solves; a method name forms T explicitly
+    with :func:`gdn_fused.inverse.invert_unit_lower` (``solve_iters`` its iteration count), to
+    study how each inverse propagates to the output."""
     q, k, v, g, beta, scale, h0, segs = _prepare(q, k, v, g, beta, scale, initial_state,
                                                  cu_seqlens, use_qk_l2norm_in_kernel)
     C = chunk_size
@@ -115,11 +131,8 @@ def chunk_gated_delta_rule_ref(q, k, v, g, beta, scale=None, initial_state=None,
         gamma_strict = torch.exp(torch.where(strict, diff, torch.full_like(diff, -torch.inf)))
         gamma_incl = torch.exp(torch.where(incl, diff, torch.full_like(diff, -torch.inf)))
         A = eye + bc[..., :, None] * gamma_strict * (kc @ kc.transpose(-1, -2))
-        # T = A⁻¹ applied by triangular solves (the reference needs no explicit inverse)
-        W = torch.linalg.solve_triangular(A, (bc * G.exp())[..., None] * kc, upper=False,
-                                          unitriangular=True)
-        U = torch.linalg.solve_triangular(A, bc[..., None] * vc, upper=False,
-                                          unitriangular=True)
+        W, U = _apply_inverse(A, (bc * G.exp())[..., None] * kc, bc[..., None] * vc,
+                              solve_method, solve_iters)
         attn = gamma_incl * (qc @ kc.transpose(-1, -2))
         decay_out = (G[..., -1:] - G).exp()  # exp(G_C - G_i) ≤ 1
         o_chunks = []

@@ -95,3 +95,20 @@ def check_device_for_backend(backend: str, device: torch.device):
         raise ValueError(f"backend={backend!r} runs Triton kernels: it needs CUDA tensors, or CPU "
                          f"tensors with TRITON_INTERPRET=1; got tensors on {device}. Use "
                          "backend='torch' (or 'auto') on CPU.")
+
+
+TRITON_SOLVE_METHODS = ("blocked", "mxr", "newton_schulz")
+
+
+def check_solve_method(backend: str, solve_method, solve_iters):
+    """The inverse methods each backend implements (torch: all of gdn_fused.inverse)."""
+    if backend == "torch":
+        from gdn_fused.inverse import METHODS
+        allowed = tuple(METHODS)
+    else:
+        allowed = TRITON_SOLVE_METHODS
+    if solve_method not in allowed:
+        raise ValueError(f"solve_method must be one of {allowed} on backend {backend!r}, got "
+                         f"{solve_method!r}")
+    if solve_iters is not None and (not isinstance(solve_iters, int) or solve_iters < 0):
+        raise ValueError(f"solve_iters must be a non-negative int or None, got {solve_iters!r}")

@@ -9,12 +9,25 @@ for the whole chunk); the coupling blocks follow from matrix products,
 
 level by level (i − j = 1, 2, 3), so the dependency depth is 15 + 2·(NB − 1) products. All
 arithmetic is fp32; products use an explicit input precision (ieee by default).
+
+Other methods of the study (seed 001, gdn_fused.inverse has their PyTorch versions):
+
+- ``mxr``: the diagonal blocks by Cayley–Hamilton repeated squaring,
+  (I + L)⁻¹ = (I − L)(I + L²)(I + L⁴)(I + L⁸) (exact for 16×16 since L¹⁶ = 0; still accurate at
+  that size), then the same block coupling as ``blocked`` (Bunch–Hopcroft merge).
+- ``newton_schulz``: X ← X (2I − (I + A) X) on the whole chunk from the paper's X₀ = I/C
+  (seed 001, Alg. 3); its residual shrinks like (1 − 1/C)^(2^k), so it needs about
+  2·log2(C) + 2 steps (the default) and collapses with fewer — kept to reproduce the paper.
+
+``build_from_k`` (the fused kkt variant): the A blocks are formed on chip from K, β and G
+instead of being read from HBM, so A is never written.
 """
 import torch
 import triton
 import triton.language as tl
 
 from gdn_fused.kernels.chunk_index import chunk_program
+from gdn_fused.kernels.kkt import gated_decay
 
 BLOCK = 16  # base block: the smallest tl.dot tile, and 15 substitution steps
 
@@ -26,6 +39,27 @@ def _load_block(p_base, row_stride, i_t, seqlen, BT: tl.constexpr, ib: tl.conste
     p = tl.make_block_ptr(p_base, (seqlen, BT), (row_stride, 1), (i_t * BT + ib * 16, jb * 16),
                           (16, 16), (1, 0))
     return tl.load(p, boundary_check=(0,)).to(tl.float32)
+
+
+@triton.jit
+def _built_block(k, G, beta, bos, seqlen, i_t, i_h, i_hv, H: tl.constexpr, HV: tl.constexpr,
+                 K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, ib: tl.constexpr,
+                 jb: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Block (ib, jb) of strictLower(diag(β)(Γ ⊙ K Kᵀ)) formed from K, β and G on chip."""
+    p_ki = tl.make_block_ptr(k + (bos * H + i_h) * K, (seqlen, K), (H * K, 1),
+                             (i_t * BT + ib * 16, 0), (16, BK), (1, 0))
+    p_kj = tl.make_block_ptr(k + (bos * H + i_h) * K, (K, seqlen), (1, H * K),
+                             (0, i_t * BT + jb * 16), (BK, 16), (0, 1))
+    b_a = tl.dot(tl.load(p_ki, boundary_check=(0, 1)), tl.load(p_kj, boundary_check=(0, 1)),
+                 input_precision=DOT_PREC)
+    o_r = i_t * BT + ib * 16 + tl.arange(0, 16)
+    o_c = i_t * BT + jb * 16 + tl.arange(0, 16)
+    m_r, m_c = o_r < seqlen, o_c < seqlen
+    b_Gr = tl.load(G + (bos + o_r) * HV + i_hv, mask=m_r, other=0.)
+    b_Gc = tl.load(G + (bos + o_c) * HV + i_hv, mask=m_c, other=0.)
+    b_beta = tl.load(beta + (bos + o_r) * HV + i_hv, mask=m_r, other=0.).to(tl.float32)
+    mask = (o_r[:, None] > o_c[None, :]) & m_r[:, None]
+    return b_a * gated_decay(b_Gr, b_Gc, mask) * b_beta[:, None]
 
 
 @triton.jit
@@ -53,44 +87,115 @@ def invert_diagonal_blocks(L3, NB: tl.constexpr):
 
 
 @triton.jit
+def square_diagonal_blocks(L3, DOT_PREC: tl.constexpr):
+    """(I + L)⁻¹ = (I − L)(I + L²)(I + L⁴)(I + L⁸) for stacked 16×16 blocks (L¹⁶ = 0): MCH."""
+    ri = tl.arange(0, 16)[None, :, None]
+    eye = (ri == tl.arange(0, 16)[None, None, :]).to(tl.float32)
+    X = eye - L3
+    P = L3
+    for _ in tl.static_range(3):
+        P = tl.dot(P, P, input_precision=DOT_PREC)
+        X = X + tl.dot(X, P, input_precision=DOT_PREC)
+    return X
+
+
+@triton.jit
 def _block_of(X3, b: tl.constexpr, NB: tl.constexpr):
     """Block b of a stacked [NB, 16, 16] tile (a masked sum: Triton has no register slicing)."""
     return tl.sum(tl.where(tl.arange(0, NB)[:, None, None] == b, X3, 0.), 0)
 
 
 @triton.jit
-def kkt_solve_kernel(A, Ai, cu_seqlens, chunk_indices, T, HV: tl.constexpr, BT: tl.constexpr,
-                     IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr):
+def _a_block(A, k, G, beta, bos, seqlen, i_t, i_h, i_hv, H: tl.constexpr, HV: tl.constexpr,
+             K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, ib: tl.constexpr,
+             jb: tl.constexpr, BUILD: tl.constexpr, DOT_PREC: tl.constexpr):
+    if BUILD:
+        b = _built_block(k, G, beta, bos, seqlen, i_t, i_h, i_hv, H, HV, K, BT, BK, ib, jb,
+                         DOT_PREC)
+    else:
+        b = _load_block(A + (bos * HV + i_hv) * BT, HV * BT, i_t, seqlen, BT, ib, jb)
+    return b
+
+
+@triton.jit
+def _newton_schulz(A, k, G, beta, bos, seqlen, i_t, i_h, i_hv, H: tl.constexpr,
+                   HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                   BUILD: tl.constexpr, NS_ITERS: tl.constexpr, DOT_PREC: tl.constexpr):
+    """X ← 2X − X((I + L)X) from X₀ = I/C on the whole chunk."""
+    o_i = tl.arange(0, BT)
+    if BUILD:
+        p_k = tl.make_block_ptr(k + (bos * H + i_h) * K, (seqlen, K), (H * K, 1), (i_t * BT, 0),
+                                (BT, BK), (1, 0))
+        b_k = tl.load(p_k, boundary_check=(0, 1))
+        o_r = i_t * BT + o_i
+        b_G = tl.load(G + (bos + o_r) * HV + i_hv, mask=o_r < seqlen, other=0.)
+        b_beta = tl.load(beta + (bos + o_r) * HV + i_hv, mask=o_r < seqlen, other=0.)
+        strict = (o_i[:, None] > o_i[None, :]) & (o_r < seqlen)[:, None]
+        L = tl.dot(b_k, tl.trans(b_k), input_precision=DOT_PREC) * \
+            gated_decay(b_G, b_G, strict) * b_beta.to(tl.float32)[:, None]
+    else:
+        p_A = tl.make_block_ptr(A + (bos * HV + i_hv) * BT, (seqlen, BT), (HV * BT, 1),
+                                (i_t * BT, 0), (BT, BT), (1, 0))
+        L = tl.load(p_A, boundary_check=(0,)).to(tl.float32)
+    X = (o_i[:, None] == o_i[None, :]).to(tl.float32) / BT
+    for _ in tl.static_range(NS_ITERS):
+        AX = X + tl.dot(L, X, input_precision=DOT_PREC)
+        X = 2 * X - tl.dot(X, AX, input_precision=DOT_PREC)
+    return X
+
+
+@triton.jit
+def kkt_solve_kernel(A, k, G, beta, Ai, cu_seqlens, chunk_indices, T, H: tl.constexpr,
+                     HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                     IS_VARLEN: tl.constexpr, BUILD: tl.constexpr, METHOD: tl.constexpr,
+                     NS_ITERS: tl.constexpr, DOT_PREC: tl.constexpr):
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
     _, i_t, bos, seqlen = chunk_program(i_t, i_b, T, cu_seqlens, chunk_indices, IS_VARLEN)
-    a_base = A + (bos * HV + i_hv) * BT
     t_base = Ai + (bos * HV + i_hv) * BT
+    S: tl.constexpr = HV * BT  # row stride of A and T
+    if METHOD == "newton_schulz":
+        X = _newton_schulz(A, k, G, beta, bos, seqlen, i_t, i_h, i_hv, H, HV, K, BT, BK, BUILD,
+                           NS_ITERS, DOT_PREC)
+        p_T = tl.make_block_ptr(t_base, (seqlen, BT), (S, 1), (i_t * BT, 0), (BT, BT), (1, 0))
+        tl.store(p_T, X.to(p_T.dtype.element_ty), boundary_check=(0,))
+        return
     NB: tl.constexpr = BT // 16
     nb = tl.arange(0, NB)[:, None, None]
-    # the NB diagonal blocks, stacked, so their substitutions run side by side
+    # the NB diagonal blocks, stacked, so their inversions run side by side
     L3 = tl.zeros([NB, 16, 16], dtype=tl.float32)
     for b in tl.static_range(NB):
-        L3 += tl.where(nb == b, _load_block(a_base, HV * BT, i_t, seqlen, BT, b, b)[None], 0.)
-    T3 = invert_diagonal_blocks(L3, NB)
+        L3 += tl.where(nb == b, _a_block(A, k, G, beta, bos, seqlen, i_t, i_h, i_hv, H, HV, K,
+                                         BT, BK, b, b, BUILD, DOT_PREC)[None], 0.)
+    if METHOD == "mxr":
+        T3 = square_diagonal_blocks(L3, DOT_PREC)
+    else:
+        T3 = invert_diagonal_blocks(L3, NB)
     zero = tl.zeros([16, 16], dtype=tl.float32)
     T00 = _block_of(T3, 0, NB)
-    _store_block(t_base, HV * BT, i_t, seqlen, T00, BT, 0, 0)
+    _store_block(t_base, S, i_t, seqlen, T00, BT, 0, 0)
     if NB >= 2:
         T11 = _block_of(T3, 1, NB)
-        A10 = _load_block(a_base, HV * BT, i_t, seqlen, BT, 1, 0)
+        A10 = _a_block(A, k, G, beta, bos, seqlen, i_t, i_h, i_hv, H, HV, K, BT, BK, 1, 0, BUILD,
+                       DOT_PREC)
         T10 = -tl.dot(T11, tl.dot(A10, T00, input_precision=DOT_PREC), input_precision=DOT_PREC)
-        _store_block(t_base, HV * BT, i_t, seqlen, zero, BT, 0, 1)
-        _store_block(t_base, HV * BT, i_t, seqlen, T10, BT, 1, 0)
-        _store_block(t_base, HV * BT, i_t, seqlen, T11, BT, 1, 1)
+        _store_block(t_base, S, i_t, seqlen, zero, BT, 0, 1)
+        _store_block(t_base, S, i_t, seqlen, T10, BT, 1, 0)
+        _store_block(t_base, S, i_t, seqlen, T11, BT, 1, 1)
     if NB == 4:
         T22 = _block_of(T3, 2, NB)
         T33 = _block_of(T3, 3, NB)
-        A20 = _load_block(a_base, HV * BT, i_t, seqlen, BT, 2, 0)
-        A21 = _load_block(a_base, HV * BT, i_t, seqlen, BT, 2, 1)
-        A30 = _load_block(a_base, HV * BT, i_t, seqlen, BT, 3, 0)
-        A31 = _load_block(a_base, HV * BT, i_t, seqlen, BT, 3, 1)
-        A32 = _load_block(a_base, HV * BT, i_t, seqlen, BT, 3, 2)
+        A20 = _a_block(A, k, G, beta, bos, seqlen, i_t, i_h, i_hv, H, HV, K, BT, BK, 2, 0, BUILD,
+                       DOT_PREC)
+        A21 = _a_block(A, k, G, beta, bos, seqlen, i_t, i_h, i_hv, H, HV, K, BT, BK, 2, 1, BUILD,
+                       DOT_PREC)
+        A30 = _a_block(A, k, G, beta, bos, seqlen, i_t, i_h, i_hv, H, HV, K, BT, BK, 3, 0, BUILD,
+                       DOT_PREC)
+        A31 = _a_block(A, k, G, beta, bos, seqlen, i_t, i_h, i_hv, H, HV, K, BT, BK, 3, 1, BUILD,
+                       DOT_PREC)
+        A32 = _a_block(A, k, G, beta, bos, seqlen, i_t, i_h, i_hv, H, HV, K, BT, BK, 3, 2, BUILD,
+                       DOT_PREC)
         # first sub-diagonal: independent of each other
         T21 = -tl.dot(T22, tl.dot(A21, T11, input_precision=DOT_PREC), input_precision=DOT_PREC)
         T32 = -tl.dot(T33, tl.dot(A32, T22, input_precision=DOT_PREC), input_precision=DOT_PREC)
@@ -103,28 +208,71 @@ def kkt_solve_kernel(A, Ai, cu_seqlens, chunk_indices, T, HV: tl.constexpr, BT: 
                       + tl.dot(A31, T10, input_precision=DOT_PREC)
                       + tl.dot(A32, T20, input_precision=DOT_PREC), input_precision=DOT_PREC)
         for jb in tl.static_range(2, 4):
-            _store_block(t_base, HV * BT, i_t, seqlen, zero, BT, 0, jb)
-            _store_block(t_base, HV * BT, i_t, seqlen, zero, BT, 1, jb)
-        _store_block(t_base, HV * BT, i_t, seqlen, zero, BT, 2, 3)
-        _store_block(t_base, HV * BT, i_t, seqlen, T20, BT, 2, 0)
-        _store_block(t_base, HV * BT, i_t, seqlen, T21, BT, 2, 1)
-        _store_block(t_base, HV * BT, i_t, seqlen, T22, BT, 2, 2)
-        _store_block(t_base, HV * BT, i_t, seqlen, T30, BT, 3, 0)
-        _store_block(t_base, HV * BT, i_t, seqlen, T31, BT, 3, 1)
-        _store_block(t_base, HV * BT, i_t, seqlen, T32, BT, 3, 2)
-        _store_block(t_base, HV * BT, i_t, seqlen, T33, BT, 3, 3)
+            _store_block(t_base, S, i_t, seqlen, zero, BT, 0, jb)
+            _store_block(t_base, S, i_t, seqlen, zero, BT, 1, jb)
+        _store_block(t_base, S, i_t, seqlen, zero, BT, 2, 3)
+        _store_block(t_base, S, i_t, seqlen, T20, BT, 2, 0)
+        _store_block(t_base, S, i_t, seqlen, T21, BT, 2, 1)
+        _store_block(t_base, S, i_t, seqlen, T22, BT, 2, 2)
+        _store_block(t_base, S, i_t, seqlen, T30, BT, 3, 0)
+        _store_block(t_base, S, i_t, seqlen, T31, BT, 3, 1)
+        _store_block(t_base, S, i_t, seqlen, T32, BT, 3, 2)
+        _store_block(t_base, S, i_t, seqlen, T33, BT, 3, 3)
+
+
+SOLVE_METHODS = ("blocked", "mxr", "newton_schulz")
+
+
+def _solve_args(solve_method, solve_iters, C):
+    if solve_method not in SOLVE_METHODS:
+        raise ValueError(f"solve_method must be one of {SOLVE_METHODS}, got {solve_method!r}")
+    if solve_method != "newton_schulz":
+        if solve_iters is not None:
+            raise ValueError(f"solve_iters is only for newton_schulz, got {solve_iters!r}")
+        return 0
+    # the paper's count for X₀ = I/C (gdn_fused.inverse uses the same default)
+    iters = 2 * (C.bit_length() - 1) + 2 if solve_iters is None else solve_iters
+    if not isinstance(iters, int) or iters < 0:
+        raise ValueError(f"solve_iters must be a non-negative int, got {solve_iters!r}")
+    return iters
 
 
 def kkt_solve(A, output_dtype=torch.float32, cu_seqlens=None, chunk_indices=None,
-              num_chunks=None, dot_precision="ieee"):
+              num_chunks=None, dot_precision="ieee", solve_method="blocked", solve_iters=None,
+              num_warps=4):
     """(I + A)⁻¹ per chunk. A: [B, T, HV, C] fp32 strictly lower (row t holds its chunk row;
     C in {16, 32, 64}); returns T of the same shape in ``output_dtype`` (fp32 or the input dtype).
-    """
+
+    solve_method: "blocked" (default), "mxr" or "newton_schulz" (``solve_iters`` steps, default
+    2·log2(C) + 2). Raises ValueError for another chunk size or method."""
     B, T, HV, C = A.shape
     if C not in (16, 32, 64):
         raise ValueError(f"chunk size (A.shape[-1]) must be 16, 32 or 64, got {C}")
+    iters = _solve_args(solve_method, solve_iters, C)
     Ai = torch.empty(B, T, HV, C, dtype=output_dtype, device=A.device)
     NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, C)
-    kkt_solve_kernel[(NT, B * HV)](A, Ai, cu_seqlens, chunk_indices, T, HV=HV, BT=C,
-                                   IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision)
+    kkt_solve_kernel[(NT, B * HV)](A, None, None, None, Ai, cu_seqlens, chunk_indices, T, H=1,
+                                   HV=HV, K=16, BT=C, BK=16, IS_VARLEN=cu_seqlens is not None,
+                                   BUILD=False, METHOD=solve_method, NS_ITERS=iters,
+                                   DOT_PREC=dot_precision, num_warps=num_warps)
+    return Ai
+
+
+def kkt_solve_from_k(k, G, beta, num_value_heads, chunk_size, output_dtype=torch.float32,
+                     cu_seqlens=None, chunk_indices=None, num_chunks=None, dot_precision="ieee",
+                     solve_method="blocked", solve_iters=None, num_warps=4):
+    """The fused kkt variant: T = (I + strictLower(diag(β)(Γ ⊙ K Kᵀ)))⁻¹ built from k [B,T,H,K],
+    G (chunk-cumulated, fp32) and beta [B,T,HV] on chip, without writing A to HBM.
+
+    Returns T [B, T, HV, chunk_size] in ``output_dtype``; equals kkt_solve(chunk_kkt(...))."""
+    B, T, H, K = k.shape
+    HV, C = num_value_heads, chunk_size
+    iters = _solve_args(solve_method, solve_iters, C)
+    Ai = torch.empty(B, T, HV, C, dtype=output_dtype, device=k.device)
+    NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, C)
+    kkt_solve_kernel[(NT, B * HV)](None, k, G, beta, Ai, cu_seqlens, chunk_indices, T, H=H,
+                                   HV=HV, K=K, BT=C, BK=max(16, triton.next_power_of_2(K)),
+                                   IS_VARLEN=cu_seqlens is not None, BUILD=True,
+                                   METHOD=solve_method, NS_ITERS=iters, DOT_PREC=dot_precision,
+                                   num_warps=num_warps)
     return Ai

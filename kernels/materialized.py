@@ -1,6 +1,7 @@
 """The materialized forward: six kernels, intermediates in HBM (the GPU reference and fallback).
 
-    G = chunk_cumsum(g) → A = chunk_kkt(k, G, β) → T = kkt_solve(A) → W, U = recompute_w_u(T)
+    G = chunk_cumsum(g) → T = kkt_solve_from_k(k, G, β) (A = chunk_kkt(k, G, β) formed on chip)
+      → W, U = recompute_w_u(T)
       → h, V' = chunk_state(W, U) → o = chunk_output(q, k, V', h)
 """
 import torch
@@ -9,8 +10,8 @@ from gdn_fused.kernels.chunk_gate import chunk_cumsum
 from gdn_fused.kernels.chunk_index import prepare_chunk_indices
 from gdn_fused.kernels.chunk_output import chunk_output
 from gdn_fused.kernels.chunk_state import chunk_state
-from gdn_fused.kernels.kkt import chunk_kkt, dot_precision
-from gdn_fused.kernels.kkt_solve import kkt_solve
+from gdn_fused.kernels.kkt import dot_precision
+from gdn_fused.kernels.kkt_solve import kkt_solve_from_k
 from gdn_fused.kernels.wu import recompute_w_u
 
 
@@ -20,11 +21,13 @@ def contiguous(*xs):
 
 
 def materialized_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-                     chunk_size=64, inverse_dtype=None):
+                     chunk_size=64, inverse_dtype=None, solve_method="blocked",
+                     solve_iters=None):
     """Validated inputs (see gdn_fused.ops) -> (o, final_state, saved) where ``saved`` holds the
     intermediates a backward can reuse (G, T, h, v_new).
 
-    inverse_dtype: storage dtype of T (default: fp32 for fp32 data, else the input dtype)."""
+    inverse_dtype: storage dtype of T (default: fp32 for fp32 data, else the input dtype).
+    solve_method, solve_iters: the kkt_solve method (kernels/kkt_solve.py)."""
     q, k, v, g, beta, initial_state, cu_seqlens = contiguous(q, k, v, g, beta, initial_state,
                                                              cu_seqlens)
     B, T = q.shape[:2]
@@ -38,9 +41,11 @@ def materialized_fwd(q, k, v, g, beta, scale, initial_state, output_final_state,
         N = B
     idx = dict(cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, num_chunks=NT)
     G = chunk_cumsum(g, chunk_size, **idx)
-    A = chunk_kkt(k, G, beta, HV, chunk_size, **idx)
-    Ai = kkt_solve(A, inverse_dtype or (torch.float32 if q.dtype == torch.float32 else q.dtype),
-                   dot_precision="ieee", **idx)
+    # the fused kkt variant: A is formed on chip and never written to HBM
+    Ai = kkt_solve_from_k(k, G, beta, HV, chunk_size,
+                          inverse_dtype or (torch.float32 if q.dtype == torch.float32 else q.dtype),
+                          dot_precision="ieee", solve_method=solve_method,
+                          solve_iters=solve_iters, **idx)
     w, u = recompute_w_u(k, v, G, beta, Ai, dot_precision=prec, **idx)
     h, v_new, ht = chunk_state(k, w, u, G, initial_state, output_final_state, chunk_size, N,
                                cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets, num_chunks=NT,

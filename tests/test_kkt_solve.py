@@ -1,0 +1,78 @@
+"""The Triton kkt_solve (each method, each chunk size, fused and unfused) against fp64."""
+import pytest
+import torch
+
+from gdn_fused import chunk_gated_delta_rule
+from gdn_fused.kernels.chunk_gate import chunk_cumsum
+from gdn_fused.kernels.kkt import chunk_kkt
+from gdn_fused.kernels.kkt_solve import kkt_solve, kkt_solve_from_k
+from tests.cases import make_inputs, rel_err, truth
+
+# max abs error bounds vs the fp64 inverse (fp32 output); Newton–Schulz with its default
+# 2·log2(C)+2 steps from X₀ = I/C still carries (1 − 1/C)^(2^k) of residual
+BOUND = {"blocked": 1e-6, "mxr": 1e-6, "newton_schulz": 1e-4}
+
+
+def chunk_tiles(X, C):
+    """[B, T, HV, C] per-row layout -> list of [n, n] chunk tiles (n < C for a partial chunk)."""
+    B, T, HV, _ = X.shape
+    return [X[b, s:s + min(C, T - s), h, :min(C, T - s)]
+            for b in range(B) for h in range(HV) for s in range(0, T, C)]
+
+
+def setup(C, gate="normal", T=150):
+    q, k, v, g, beta, _ = make_inputs(1, T, 1, 2, 32, 16, gate=gate, chunk_size=C)
+    G = chunk_cumsum(g, C)
+    return k, G, beta, chunk_kkt(k, G, beta, 2, C)
+
+
+@pytest.mark.parametrize("C", [16, 32, 64])
+@pytest.mark.parametrize("method", ["blocked", "mxr", "newton_schulz"])
+def test_methods_against_fp64(C, method):
+    k, G, beta, A = setup(C)
+    Ai = kkt_solve(A, solve_method=method)
+    for a, t in zip(chunk_tiles(A, C), chunk_tiles(Ai, C)):
+        ref = torch.linalg.inv(torch.eye(a.shape[0], dtype=torch.float64) + a.double())
+        assert (t.double() - ref).abs().max() <= BOUND[method]
+    # the fused variant forms A on chip; same result up to fp32 rounding of the products
+    Af = kkt_solve_from_k(k, G, beta, 2, C, solve_method=method)
+    assert (Af - Ai).abs().max() <= 1e-6
+
+
+def test_newton_schulz_too_few_iterations_is_wrong():
+    """The paper's collapse: 2 steps from X₀ = I/C leave most of the residual."""
+    k, G, beta, A = setup(64)
+    Ai = kkt_solve(A, solve_method="newton_schulz", solve_iters=2)
+    ref = kkt_solve(A)
+    assert (Ai - ref).abs().max() > 0.1
+
+
+def test_coupling_sign():
+    """L00 = L11 = 0 and only the coupling block L10 nonzero: T10 must be exactly −L10."""
+    A = torch.zeros(1, 32, 1, 32)
+    A[0, 16:, 0, :16] = torch.randn(16, 16)
+    Ai = kkt_solve(A)
+    assert torch.equal(Ai[0, 16:, 0, :16], -A[0, 16:, 0, :16])
+    assert torch.equal(Ai[0, :16, 0, :16], torch.eye(16))
+
+
+def test_strong_decay_stays_finite():
+    k, G, beta, A = setup(64, gate="strong")
+    assert torch.isfinite(kkt_solve_from_k(k, G, beta, 2, 64)).all()
+
+
+@pytest.mark.parametrize("method", ["mxr", "newton_schulz"])
+def test_solve_method_through_the_api(method):
+    q, k, v, g, b, h = make_inputs(1, 100, 1, 2, 32, 16, initial_state=True)
+    o, ht = chunk_gated_delta_rule(q, k, v, g, b, initial_state=h, output_final_state=True,
+                                   backend="materialized", solve_method=method)
+    o_ref, ht_ref = truth(q, k, v, g, b, h)
+    assert rel_err(o, o_ref) <= 1e-5 and rel_err(ht, ht_ref) <= 1e-5
+
+
+def test_bad_solve_method():
+    q, k, v, g, b, _ = make_inputs(1, 20, 1, 1, 16, 16)
+    with pytest.raises(ValueError, match="solve_method must be one of"):
+        chunk_gated_delta_rule(q, k, v, g, b, backend="materialized", solve_method="mch")
+    with pytest.raises(ValueError, match="solve_iters"):
+        chunk_gated_delta_rule(q, k, v, g, b, backend="torch", solve_iters=-1)
