@@ -135,6 +135,29 @@ def bench_kkt_solve(bandwidth, solve_tril, B=8, T=4096):
     return row
 
 
+def sweep_kkt_solve(bandwidth, B=8, T=4096):
+    """kkt_solve launch variants (diagonal-block method × warps), fp32 A in, bf16 T out."""
+    import triton
+    from gdn_fused.kernels.chunk_gate import chunk_cumsum
+    from gdn_fused.kernels.kkt import chunk_kkt
+    from gdn_fused.kernels.kkt_solve import kkt_solve
+    q, k, v, g, beta, _ = make_inputs(B, T)
+    A = chunk_kkt(k, chunk_cumsum(g, CHUNK), beta, HV, CHUNK)
+    floor_us = A.numel() * 6 / bandwidth * 1e6
+    ref = kkt_solve(A, torch.float32)
+    rows = []
+    for diag in ("substitution", "doubling"):
+        for warps in (1, 2, 4, 8):
+            out = kkt_solve(A, torch.float32, diag=diag, num_warps=warps)
+            err = (out - ref).abs().max().item()
+            us = 1e3 * triton.testing.do_bench(
+                lambda: kkt_solve(A, torch.bfloat16, diag=diag, num_warps=warps),
+                return_mode="median")
+            rows.append(dict(diag=diag, warps=warps, us=us, frac_bw=floor_us / us, diff=err))
+            print(rows[-1], flush=True)
+    return rows
+
+
 def write_outputs(out, rows, kkt_row, bandwidth):
     out.mkdir(parents=True, exist_ok=True)
     keys = sorted({k for r in rows for k in r}, key=lambda s: (s not in ("B", "T"), s))
@@ -181,12 +204,17 @@ def main(argv=None):
     p.add_argument("--shapes", default="anchors", help="'anchors' or B:T,B:T,...")
     p.add_argument("--no-backward", action="store_true", help="skip forward+backward timing")
     p.add_argument("--no-kkt", action="store_true", help="skip the kkt_solve benchmark")
+    p.add_argument("--kkt-sweep", action="store_true",
+                   help="only sweep kkt_solve launch variants, then exit")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         p.error("the benchmark needs a CUDA device")
     shapes = ANCHOR_SHAPES if args.shapes == "anchors" else \
         [tuple(int(x) for x in s.split(":")) for s in args.shapes.split(",")]
     bandwidth = copy_bandwidth()
+    if args.kkt_sweep:
+        sweep_kkt_solve(bandwidth)
+        return
     fla_chunk, solve_tril = load_fla()
     kkt_row = None if args.no_kkt else bench_kkt_solve(bandwidth, solve_tril)
     rows = bench_forward(shapes, bandwidth, fla_chunk, not args.no_backward)

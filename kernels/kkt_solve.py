@@ -87,6 +87,22 @@ def invert_diagonal_blocks(L3, NB: tl.constexpr):
 
 
 @triton.jit
+def double_diagonal_blocks(L3, DOT_PREC: tl.constexpr):
+    """(I + L)⁻¹ for stacked 16×16 blocks by recursive doubling (unrolled Bunch–Hopcroft, seed
+    001 §3.3): with X the inverse of the b×b diagonal blocks and N the coupling b-blocks inside
+    each 2b-block, X ← X − X N X gives the 2b×2b inverses; b = 1, 2, 4, 8. Eight batched
+    products replace the 14 dependent row reductions of forward substitution."""
+    ri = tl.arange(0, 16)[None, :, None]
+    ci = tl.arange(0, 16)[None, None, :]
+    X = tl.where(ri == ci, 1., L3 * 0.)  # I, broadcast to the [NB, 16, 16] batch
+    for s in tl.static_range(4):
+        coupling = ((ri >> (s + 1)) == (ci >> (s + 1))) & ((ri >> s) != (ci >> s))
+        N = tl.where(coupling, L3, 0.)
+        X = X - tl.dot(X, tl.dot(N, X, input_precision=DOT_PREC), input_precision=DOT_PREC)
+    return X
+
+
+@triton.jit
 def square_diagonal_blocks(L3, DOT_PREC: tl.constexpr):
     """(I + L)⁻¹ = (I − L)(I + L²)(I + L⁴)(I + L⁸) for stacked 16×16 blocks (L¹⁶ = 0): MCH."""
     ri = tl.arange(0, 16)[None, :, None]
@@ -148,7 +164,7 @@ def _newton_schulz(A, k, G, beta, bos, seqlen, i_t, i_h, i_hv, H: tl.constexpr,
 def kkt_solve_kernel(A, k, G, beta, Ai, cu_seqlens, chunk_indices, T, H: tl.constexpr,
                      HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                      IS_VARLEN: tl.constexpr, BUILD: tl.constexpr, METHOD: tl.constexpr,
-                     NS_ITERS: tl.constexpr, DOT_PREC: tl.constexpr):
+                     NS_ITERS: tl.constexpr, DOT_PREC: tl.constexpr, DIAG: tl.constexpr):
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
@@ -170,6 +186,8 @@ def kkt_solve_kernel(A, k, G, beta, Ai, cu_seqlens, chunk_indices, T, H: tl.cons
                                          BT, BK, b, b, BUILD, DOT_PREC)[None], 0.)
     if METHOD == "mxr":
         T3 = square_diagonal_blocks(L3, DOT_PREC)
+    elif DIAG == "doubling":
+        T3 = double_diagonal_blocks(L3, DOT_PREC)
     else:
         T3 = invert_diagonal_blocks(L3, NB)
     zero = tl.zeros([16, 16], dtype=tl.float32)
@@ -221,6 +239,11 @@ def kkt_solve_kernel(A, k, G, beta, Ai, cu_seqlens, chunk_indices, T, H: tl.cons
 
 
 SOLVE_METHODS = ("blocked", "mxr", "newton_schulz")
+# Launch choices measured on the H200 (eval.bench --kkt-sweep, B=8, T=4096, HV=32, C=64, fp32 A
+# in, bf16 T out; fla solve_tril 673 µs): forward substitution with 1 warp 369 µs, 2 warps 414,
+# 4 warps 1011, 8 warps 2352; recursive doubling ("doubling") 1154 / 577 / 655 / 735 µs. One
+# warp keeps every row reduction inside a warp (shuffles, no shared-memory barrier) and lets
+# more tiles share an SM; doubling pays layout conversions around its eight small products.
 
 
 def _solve_args(solve_method, solve_iters, C):
@@ -239,7 +262,7 @@ def _solve_args(solve_method, solve_iters, C):
 
 def kkt_solve(A, output_dtype=torch.float32, cu_seqlens=None, chunk_indices=None,
               num_chunks=None, dot_precision="ieee", solve_method="blocked", solve_iters=None,
-              num_warps=4):
+              num_warps=1, diag="substitution"):
     """(I + A)⁻¹ per chunk. A: [B, T, HV, C] fp32 strictly lower (row t holds its chunk row;
     C in {16, 32, 64}); returns T of the same shape in ``output_dtype`` (fp32 or the input dtype).
 
@@ -254,13 +277,14 @@ def kkt_solve(A, output_dtype=torch.float32, cu_seqlens=None, chunk_indices=None
     kkt_solve_kernel[(NT, B * HV)](A, None, None, None, Ai, cu_seqlens, chunk_indices, T, H=1,
                                    HV=HV, K=16, BT=C, BK=16, IS_VARLEN=cu_seqlens is not None,
                                    BUILD=False, METHOD=solve_method, NS_ITERS=iters,
-                                   DOT_PREC=dot_precision, num_warps=num_warps)
+                                   DOT_PREC=dot_precision, DIAG=diag, num_warps=num_warps)
     return Ai
 
 
 def kkt_solve_from_k(k, G, beta, num_value_heads, chunk_size, output_dtype=torch.float32,
                      cu_seqlens=None, chunk_indices=None, num_chunks=None, dot_precision="ieee",
-                     solve_method="blocked", solve_iters=None, num_warps=4):
+                     solve_method="blocked", solve_iters=None, num_warps=1,
+                     diag="substitution"):
     """The fused kkt variant: T = (I + strictLower(diag(β)(Γ ⊙ K Kᵀ)))⁻¹ built from k [B,T,H,K],
     G (chunk-cumulated, fp32) and beta [B,T,HV] on chip, without writing A to HBM.
 
@@ -274,5 +298,5 @@ def kkt_solve_from_k(k, G, beta, num_value_heads, chunk_size, output_dtype=torch
                                    HV=HV, K=K, BT=C, BK=max(16, triton.next_power_of_2(K)),
                                    IS_VARLEN=cu_seqlens is not None, BUILD=True,
                                    METHOD=solve_method, NS_ITERS=iters, DOT_PREC=dot_precision,
-                                   num_warps=num_warps)
+                                   DIAG=diag, num_warps=num_warps)
     return Ai
