@@ -1,10 +1,13 @@
 """autograd for the Triton backends (materialized, fused).
 
-The forward runs the chosen Triton path. The backward recomputes the chunked form in fp32
-under torch autograd (:func:`gdn_fused.reference.chunk_gated_delta_rule_ref`) and
-differentiates it: exact gradients for q, k, v, g, beta and initial_state on any device, saving
-only the inputs (no intermediates). It is the correctness baseline that the Triton backward
-kernels are tested against.
+The forward runs the chosen Triton path; the backward is the same for both (the fused forward
+computes the same chunkwise math): the Triton chunk kernels of
+:func:`gdn_fused.kernels.chunk_bwd.chunk_gated_delta_rule_bwd`, which recompute every
+intermediate from the inputs. Saved for backward: the inputs only (q, k, v, g, beta,
+initial_state, cu_seqlens — tensors the caller holds anyway), i.e. 0 extra bytes per token.
+
+:func:`backward_by_recompute` is the slow exact reference: it differentiates the chunked torch
+form (:func:`gdn_fused.reference.chunk_gated_delta_rule_ref`) in fp32 under torch autograd.
 """
 from __future__ import annotations
 
@@ -26,6 +29,36 @@ def _forward(backend, q, k, v, g, beta, scale, initial_state, output_final_state
     return o, ht
 
 
+def backward_by_recompute(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens,
+                          chunk_size, needs=(True,) * 6):
+    """Reference gradients: torch autograd through the chunked form recomputed in fp32.
+
+    Same arguments as :func:`gdn_fused.kernels.chunk_bwd.chunk_gated_delta_rule_bwd` (plus
+    ``needs``: which of q, k, v, g, beta, initial_state want a gradient); returns
+    ``(dq, dk, dv, dg, dbeta, dh0)`` in the inputs' dtypes, None where not needed. Exact but
+    slow (a Python loop over chunks); for tests and as a fallback to compare against."""
+    inputs = (q, k, v, g, beta, initial_state)
+    with torch.enable_grad():
+        leaves = [x.detach().float().requires_grad_(need) if x is not None else None
+                  for x, need in zip(inputs, needs)]
+        o, ht = chunk_gated_delta_rule_ref(*leaves[:5], scale, leaves[5], True, cu_seqlens,
+                                           False, chunk_size)
+        outs, grads = [o], [do.float()]
+        if dht is not None:
+            outs.append(ht)
+            grads.append(dht.float())
+        wrt = [x for x in leaves if x is not None and x.requires_grad]
+        got = iter(torch.autograd.grad(outs, wrt, grads, allow_unused=True)) if wrt else None
+    result = []
+    for x, orig in zip(leaves, inputs):
+        if x is not None and x.requires_grad:
+            d = next(got)
+            result.append(torch.zeros_like(orig) if d is None else d.to(orig.dtype))
+        else:
+            result.append(None)
+    return tuple(result)
+
+
 class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, initial_state, scale, output_final_state, cu_seqlens,
@@ -38,33 +71,23 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dht):
+        from gdn_fused.kernels.chunk_bwd import chunk_gated_delta_rule_bwd
         q, k, v, g, beta, h0, cu_seqlens = ctx.saved_tensors
-        with torch.enable_grad():
-            leaves = [x.detach().float().requires_grad_(x.requires_grad) if x is not None
-                      else None for x in (q, k, v, g, beta, h0)]
-            o, ht = chunk_gated_delta_rule_ref(*leaves[:5], ctx.scale, leaves[5], True,
-                                               cu_seqlens, False, ctx.chunk_size)
-            outs, grads = [o], [do.float()]
-            if dht is not None:
-                outs.append(ht)
-                grads.append(dht.float())
-            wrt = [x for x in leaves if x is not None and x.requires_grad]
-            got = iter(torch.autograd.grad(outs, wrt, grads, allow_unused=True)) if wrt else None
-        result = []
-        for x, orig in zip(leaves, (q, k, v, g, beta, h0)):
-            if x is not None and x.requires_grad:
-                d = next(got)
-                result.append(torch.zeros_like(orig) if d is None else d.to(orig.dtype))
-            else:
-                result.append(None)
-        dq, dk, dv, dg, dbeta, dh0 = result
+        grads = chunk_gated_delta_rule_bwd(q, k, v, g, beta, ctx.scale, h0, do, dht, cu_seqlens,
+                                           ctx.chunk_size)
+        dq, dk, dv, dg, dbeta, dh0 = (d if need else None
+                                      for d, need in zip(grads, ctx.needs_input_grad[:6]))
         return dq, dk, dv, dg, dbeta, dh0, None, None, None, None, None, None, None
 
 
 def chunk_gated_delta_rule_triton(q, k, v, g, beta, scale, initial_state, output_final_state,
                                   cu_seqlens, use_qk_l2norm_in_kernel, chunk_size, backend,
                                   solve_method="blocked", solve_iters=None):
-    """Run a Triton backend on validated inputs; differentiable in every input."""
+    """Run a Triton backend on validated inputs; differentiable in every input.
+
+    solve_method, solve_iters choose the forward's kkt_solve method (the inverse study); the
+    backward always recomputes T with the stable blocked inverse, so the gradients are those of
+    the exact function, whichever inverse the forward used."""
     if use_qk_l2norm_in_kernel:
         # one rounding policy (gdn_fused.reference.l2norm) in every path; autograd flows through
         q, k = l2norm(q), l2norm(k)

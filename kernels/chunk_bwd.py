@@ -1,0 +1,89 @@
+"""The chunkwise backward: exact gradients of chunk_gated_delta_rule from its inputs alone.
+
+Nothing from the forward is kept except its inputs (q, k, v, g, beta, initial_state,
+cu_seqlens): 0 extra bytes per token. The backward first recomputes the forward's
+intermediates with the materialized forward kernels (G, T, W, U, the per-chunk states h and
+v_new — one cumsum, one KKᵀ+inverse, one W/U and one state pass; everything but the output
+kernel), then runs four kernels:
+
+    dV'_local           = chunk_bwd_dv_local   (parallel over chunks)   kernels/chunk_bwd_dv.py
+    dh, dV' (dv2), dh0  = chunk_bwd_state      (reverse over chunks)    kernels/chunk_bwd_state.py
+    dQ, dK, dW, dg      = chunk_bwd_dqkwg      (parallel)               kernels/chunk_bwd_dqkwg.py
+    dK, dV, dβ, dg      = wu_bwd               (parallel; through W, U, T, A, and the reverse
+                                                cumsum to per-token dg)  kernels/wu_bwd.py
+
+then sums dQ and dK over the value heads that share a q/k head (GVA). Derivation and the
+precision of every intermediate: docs/backward.md.
+
+Why recompute rather than save: the forward's T alone is C values per token and value head
+(64 · 2 B = 128 B per token-head in bf16 at C = 64, 4 KB per token for HV = 32), h is K·V per
+chunk; recomputing them costs one extra pass of the cheap forward kernels, and the fused forward
+never materializes them at all, so one backward serves both Triton backends.
+"""
+import torch
+
+from gdn_fused.kernels.chunk_bwd_dqkwg import chunk_bwd_dqkwg
+from gdn_fused.kernels.chunk_bwd_dv import chunk_bwd_dv_local
+from gdn_fused.kernels.chunk_bwd_state import chunk_bwd_state
+from gdn_fused.kernels.chunk_gate import chunk_cumsum
+from gdn_fused.kernels.chunk_index import prepare_chunk_indices
+from gdn_fused.kernels.chunk_state import chunk_state
+from gdn_fused.kernels.kkt import dot_precision
+from gdn_fused.kernels.kkt_solve import kkt_solve_from_k
+from gdn_fused.kernels.materialized import contiguous
+from gdn_fused.kernels.wu import recompute_w_u
+from gdn_fused.kernels.wu_bwd import wu_bwd
+
+
+def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens,
+                               chunk_size=64):
+    """Gradients of (o, final_state) = chunk_gated_delta_rule(q, k, v, g, beta, ...).
+
+    Args:
+        q, k: ``[B, T, H, K]`` fp16/bf16/fp32 (already L2-normalised if the op normalises).
+        v: ``[B, T, HV, V]``, q's dtype. g, beta: ``[B, T, HV]`` (g per token, natural log).
+        scale: float. initial_state: ``[N, HV, K, V]`` or None. cu_seqlens: ``[N+1]`` or None.
+        do: ``[B, T, HV, V]`` cotangent of o. dht: ``[N, HV, K, V]`` cotangent of the final
+        state, or None (treated as 0). chunk_size: 16, 32 or 64 (as in the forward).
+    Returns:
+        ``(dq, dk, dv, dg, dbeta, dh0)`` in the dtypes and shapes of q, k, v, g, beta and
+        initial_state (dh0 None without an initial state). dq, dk are summed over the HV // H
+        value heads of each q/k head. Rows of a packed buffer past cu_seqlens[-1] get exactly 0.
+    """
+    q, k, v, g, beta, initial_state, do, dht, cu_seqlens = contiguous(
+        q, k, v, g, beta, initial_state, do, dht, cu_seqlens)
+    B, T, H, K = q.shape
+    HV = v.shape[2]
+    prec = dot_precision(q.dtype)
+    if cu_seqlens is not None:
+        chunk_indices, chunk_offsets, NT = prepare_chunk_indices(cu_seqlens, chunk_size)
+        N = cu_seqlens.numel() - 1
+    else:
+        chunk_indices = chunk_offsets = NT = None
+        N = B
+    idx = dict(cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, num_chunks=NT)
+    # recompute the forward's intermediates (T kept in fp32: dA = −Tᵀ dT Tᵀ is formed from it;
+    # always the stable blocked inverse, whatever solve_method the forward ran)
+    G = chunk_cumsum(g, chunk_size, **idx)
+    Ai = kkt_solve_from_k(k, G, beta, HV, chunk_size, torch.float32, dot_precision="ieee", **idx)
+    w, u = recompute_w_u(k, v, G, beta, Ai, dot_precision=prec, **idx)
+    h, v_new, _ = chunk_state(k, w, u, G, initial_state, False, chunk_size, N,
+                              cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets, num_chunks=NT,
+                              dot_precision=prec)
+    del u
+    # the backward proper
+    dv_local = chunk_bwd_dv_local(q, k, g, do, scale, chunk_size, dot_precision=prec, **idx)
+    dh, dv2, dh0 = chunk_bwd_state(q, k, w, g, do, dv_local, scale, dht, initial_state,
+                                   chunk_size, N, cu_seqlens=cu_seqlens,
+                                   chunk_offsets=chunk_offsets, num_chunks=NT,
+                                   dot_precision=prec)
+    del dv_local
+    dq, dk, dw, dg_part = chunk_bwd_dqkwg(q, k, v_new, h, dh, g, do, dv2, scale, chunk_size,
+                                     chunk_offsets=chunk_offsets, dot_precision=prec, **idx)
+    del h, dh, v_new
+    dv, dbeta, dg = wu_bwd(k, v, g, beta, Ai, dw, dv2, dk, dg_part, chunk_size,
+                           dot_precision=prec, **idx)
+    group = HV // H
+    dq = dq.view(B, T, H, group, K).sum(3).to(q.dtype)
+    dk = dk.view(B, T, H, group, K).sum(3).to(k.dtype)
+    return dq, dk, dv, dg, dbeta, dh0

@@ -1,0 +1,150 @@
+"""Chunk-parallel gradients through the output and the state update: dQ, dK (partial), dW, dg
+(partial), given the forward states h, v_new and the state gradients dh, dv2.
+
+Per chunk, with h = state entering, dh = ∂L/∂(state leaving), dV' = dv2 (kernels/
+chunk_bwd_state.py), M = lowerIncl(Γ ⊙ Q Kᵀ), P = lowerIncl(Γ ⊙ scale dO V'ᵀ):
+
+    dQ = scale diag(e^G) dO hᵀ + P K
+    dK = diag(e^{G_C − G}) V' dhᵀ + Pᵀ Q           (the W/U part is added in kernels/wu_bwd.py)
+    dW = −dV' hᵀ
+
+and the per-token gate gradient of these terms (kernels/chunk_gate_bwd.py): row terms
+q_i · (scale e^{G_i} dO_i hᵀ) and e^{G_C} ⟨h, dh⟩ at the last row; pair terms P_ij q_i·k_j
+(i > j) and k_j · (e^{G_C − G_j} dh v'_j) for the pair (C, j). Every exponential is of a masked
+difference G_i − G_j ≤ 0 or of G ≤ 0 itself: no overflow and no cancelling pairs, whatever the
+decay. Same dQ/dK/dW math as flash-linear-attention's chunk_bwd_dqkwg (fla/ops/common/
+chunk_o.py), which however forms dg by cancellation; the key dimension is split in blocks of at
+most 64 columns, each program writing its own partial dg (all terms are linear in the key
+block; summed in kernels/wu_bwd.py).
+"""
+import torch
+import triton
+import triton.language as tl
+
+from gdn_fused.kernels.chunk_gate_bwd import chunk_gate_bwd, chunk_log_decay, decay, decay_between
+from gdn_fused.kernels.chunk_index import chunk_program
+
+BLOCK_K = 64  # key columns per program: three [C, 64] fp32 accumulators fit in registers
+
+
+def key_block(K: int) -> int:
+    """Key columns per block in the dQ/dK/dW kernels (and the blocks of their partial dg)."""
+    return min(BLOCK_K, max(16, triton.next_power_of_2(K)))
+
+
+@triton.jit
+def chunk_bwd_dqkwg_kernel(q, k, v_new, h, dh, g, do, dv2, dq, dk, dw, dg, cu_seqlens,
+                           chunk_indices, chunk_offsets, scale, T, H: tl.constexpr,
+                           HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                           BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr,
+                           DOT_PREC: tl.constexpr):
+    i_k, i_tg, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    i_n, i_t, bos, seqlen = chunk_program(i_tg, i_b, T, cu_seqlens, chunk_indices, IS_VARLEN)
+    if IS_VARLEN:
+        i_c = tl.load(chunk_offsets + i_n).to(tl.int32) + i_t
+    else:
+        i_c = i_b * tl.cdiv(T, BT) + i_t
+    p_state = (i_c * HV + i_hv) * K * V
+    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dw = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dM = tl.zeros([BT, BT], dtype=tl.float32)
+    b_hdh = tl.zeros([BV, BK], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        p_h = tl.make_block_ptr(h + p_state, (V, K), (1, V), (i_v * BV, i_k * BK), (BV, BK),
+                                (0, 1))
+        p_dh = tl.make_block_ptr(dh + p_state, (V, K), (1, V), (i_v * BV, i_k * BK), (BV, BK),
+                                 (0, 1))
+        p_vn = tl.make_block_ptr(v_new + (bos * HV + i_hv) * V, (seqlen, V), (HV * V, 1),
+                                 (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+        p_do = tl.make_block_ptr(do + (bos * HV + i_hv) * V, (seqlen, V), (HV * V, 1),
+                                 (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+        p_dv = tl.make_block_ptr(dv2 + (bos * HV + i_hv) * V, (seqlen, V), (HV * V, 1),
+                                 (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+        b_ht = tl.load(p_h, boundary_check=(0, 1), padding_option="zero")  # hᵀ [BV, BK]
+        b_dht = tl.load(p_dh, boundary_check=(0, 1), padding_option="zero")
+        b_vn = tl.load(p_vn, boundary_check=(0, 1), padding_option="zero")
+        b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero")
+        b_dv = tl.load(p_dv, boundary_check=(0, 1), padding_option="zero")
+        b_dq += tl.dot(b_do, b_ht.to(b_do.dtype), input_precision=DOT_PREC)
+        b_dk += tl.dot(b_vn, b_dht.to(b_vn.dtype), input_precision=DOT_PREC)
+        b_dw += tl.dot(b_dv, b_ht.to(b_dv.dtype), input_precision=DOT_PREC)
+        b_dM += tl.dot(b_do, tl.trans(b_vn), input_precision=DOT_PREC)
+        b_hdh += b_ht.to(tl.float32) * b_dht.to(tl.float32)
+    p_q = tl.make_block_ptr(q + (bos * H + i_h) * K, (seqlen, K), (H * K, 1),
+                            (i_t * BT, i_k * BK), (BT, BK), (1, 0))
+    p_k = tl.make_block_ptr(k + (bos * H + i_h) * K, (seqlen, K), (H * K, 1),
+                            (i_t * BT, i_k * BK), (BT, BK), (1, 0))
+    b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero")
+    b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
+    b_G = chunk_log_decay(g, bos, i_t, seqlen, i_hv, HV, BT)
+    o_i = tl.arange(0, BT)
+    valid = (i_t * BT + o_i) < seqlen
+    last = tl.minimum(BT, seqlen - i_t * BT) - 1  # row of G_C inside the chunk
+    b_G_last = tl.sum(tl.where(o_i == last, b_G, 0.))
+    b_qf, b_kf = b_q.to(tl.float32), b_k.to(tl.float32)
+    # through the state leaving the chunk: e^{G_C} h (a row term of G_C) and the keys decayed
+    # by e^{G_C − G_j} (pair terms (C, j), j < C; j = C has exponent 0 and no gate gradient)
+    b_dk = b_dk * decay(b_G_last - b_G, valid)[:, None]
+    b_a = tl.where(o_i == last, tl.sum(tl.sum(b_hdh, 1)) * tl.exp(b_G_last.to(tl.float32)), 0.)
+    b_Z = tl.where((o_i[:, None] == last) & (o_i[None, :] < last),
+                   tl.sum(b_dk * b_kf, 1)[None, :], 0.)
+    # through the inter-chunk output term scale·e^{G_i} q_i h: row terms
+    b_dq = b_dq * (scale * decay(b_G, valid))[:, None]
+    b_a += tl.sum(b_dq * b_qf, 1)
+    # through the intra-chunk output term M V': pair terms P_ij q_i·k_j below the diagonal
+    incl = (o_i[:, None] >= o_i[None, :]) & valid[:, None]
+    b_P = b_dM * scale * decay_between(b_G, b_G, incl)
+    b_qk = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)
+    b_Z += tl.where(o_i[:, None] > o_i[None, :], b_P * b_qk, 0.)
+    b_dg = chunk_gate_bwd(b_a, b_Z, BT)
+    b_P = b_P.to(b_q.dtype)
+    b_dq += tl.dot(b_P, b_k, input_precision=DOT_PREC)
+    b_dk += tl.dot(tl.trans(b_P), b_q, input_precision=DOT_PREC)
+    p_dq = tl.make_block_ptr(dq + (bos * HV + i_hv) * K, (seqlen, K), (HV * K, 1),
+                             (i_t * BT, i_k * BK), (BT, BK), (1, 0))
+    p_dk = tl.make_block_ptr(dk + (bos * HV + i_hv) * K, (seqlen, K), (HV * K, 1),
+                             (i_t * BT, i_k * BK), (BT, BK), (1, 0))
+    p_dw = tl.make_block_ptr(dw + (bos * HV + i_hv) * K, (seqlen, K), (HV * K, 1),
+                             (i_t * BT, i_k * BK), (BT, BK), (1, 0))
+    p_dg = tl.make_block_ptr(dg + i_k * (tl.num_programs(2) // HV) * T * HV + bos * HV + i_hv,
+                             (seqlen,), (HV,), (i_t * BT,), (BT,), (0,))
+    tl.store(p_dq, b_dq.to(p_dq.dtype.element_ty), boundary_check=(0, 1))
+    tl.store(p_dk, b_dk.to(p_dk.dtype.element_ty), boundary_check=(0, 1))
+    tl.store(p_dw, (-b_dw).to(p_dw.dtype.element_ty), boundary_check=(0, 1))
+    tl.store(p_dg, b_dg, boundary_check=(0,))
+
+
+def chunk_bwd_dqkwg(q, k, v_new, h, dh, g, do, dv2, scale, chunk_size, cu_seqlens=None,
+                    chunk_indices=None, chunk_offsets=None, num_chunks=None,
+                    dot_precision="ieee"):
+    """Gradients through the output and the state update, per chunk and value head.
+
+    Args:
+        q, k: ``[B, T, H, K]``; v_new, do, dv2: ``[B, T, HV, V]``; h, dh: ``[NT_total, HV, K, V]``
+        (state entering / gradient of the state leaving each chunk); g: ``[B, T, HV]`` per-token
+        log-decay.
+    Returns:
+        ``(dq [B,T,HV,K] fp32, dk [B,T,HV,K] fp32 (partial), dw [B,T,HV,K] in k's dtype,
+        dg [NK, B, T, HV] fp32 — per-token, per key block, partial)``, per value head (GVA
+        sums later).
+    """
+    B, T, H, K = q.shape
+    HV, V = do.shape[2], do.shape[3]
+    BK = key_block(K)
+    NK = triton.cdiv(K, BK)
+    alloc = torch.zeros if cu_seqlens is not None else torch.empty
+    dq = alloc(B, T, HV, K, dtype=torch.float32, device=q.device)
+    dk = alloc(B, T, HV, K, dtype=torch.float32, device=q.device)
+    dw = alloc(B, T, HV, K, dtype=k.dtype, device=q.device)
+    dg = alloc(NK, B, T, HV, dtype=torch.float32, device=q.device)
+    NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, chunk_size)
+    grid = (NK, NT, B * HV)
+    chunk_bwd_dqkwg_kernel[grid](q, k, v_new, h, dh, g, do, dv2, dq, dk, dw, dg, cu_seqlens,
+                                 chunk_indices, chunk_offsets, scale, T, H=H, HV=HV, K=K, V=V,
+                                 BT=chunk_size, BK=BK,
+                                 BV=min(64, max(16, triton.next_power_of_2(V))),
+                                 IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision)
+    return dq, dk, dw, dg

@@ -1,0 +1,116 @@
+"""The reverse state recurrence: gradients of the per-chunk states, sequential over chunks.
+
+Forward, per chunk c with entering state h_c (kernels/chunk_state.py):
+
+    V'_c    = U_c − W_c h_c
+    O_c     = scale (diag(e^G) Q_c h_c + M_c V'_c)
+    h_{c+1} = e^{G_C} h_c + Kᵀ diag(e^{G_C − G}) V'_c
+
+With dh_c := ∂L/∂h_{c+1} (the gradient of the state *leaving* chunk c; dht for the last chunk)
+the chain rule gives, in reverse chunk order,
+
+    dV'_c   = dV'_local,c + diag(e^{G_C − G}) K dh_c          (stored: "dv2")
+    dh_{c−1} = e^{G_C} dh_c + scale Qᵀ diag(e^G) dO_c − W_cᵀ dV'_c
+
+and ∂L/∂h0 is the gradient leaving the recurrence. Every exponent is ≤ 0 (G is a chunk-local
+cumsum of log-decays ≤ 0), so nothing overflows under strong decay. The state gradient stays in
+fp32 registers; the stored per-chunk dh_c use the dtype of k (like the forward's h).
+"""
+import torch
+import triton
+import triton.language as tl
+
+from gdn_fused.kernels.chunk_gate_bwd import chunk_log_decay, decay
+from gdn_fused.kernels.chunk_index import sequence_program
+
+
+@triton.jit
+def chunk_bwd_state_kernel(q, k, w, g, do, dv_local, dh, dv2, dht, dh0, cu_seqlens,
+                           chunk_offsets, scale, T, H: tl.constexpr, HV: tl.constexpr,
+                           K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                           BV: tl.constexpr, USE_FINAL_STATE_GRAD: tl.constexpr,
+                           STORE_INITIAL_STATE_GRAD: tl.constexpr, IS_VARLEN: tl.constexpr,
+                           DOT_PREC: tl.constexpr):
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H)
+    bos, seqlen = sequence_program(i_n, T, cu_seqlens, IS_VARLEN)
+    NT = tl.cdiv(seqlen, BT)
+    if IS_VARLEN:
+        boh = tl.load(chunk_offsets + i_n).to(tl.int32)
+    else:
+        boh = i_n * tl.cdiv(T, BT)
+    p_state = (i_n * HV + i_hv) * K * V
+    b_dh = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_FINAL_STATE_GRAD:
+        p_dht = tl.make_block_ptr(dht + p_state, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+        b_dh = tl.load(p_dht, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+    o_i = tl.arange(0, BT)
+    for i_r in range(NT):
+        i_t = NT - 1 - i_r
+        p_dh = tl.make_block_ptr(dh + ((boh + i_t) * HV + i_hv) * K * V, (K, V), (V, 1),
+                                 (0, i_v * BV), (BK, BV), (1, 0))
+        tl.store(p_dh, b_dh.to(p_dh.dtype.element_ty), boundary_check=(0, 1))
+        valid = (i_t * BT + o_i) < seqlen
+        b_G = chunk_log_decay(g, bos, i_t, seqlen, i_hv, HV, BT)
+        b_G_last = tl.sum(tl.where(o_i == tl.minimum(BT, seqlen - i_t * BT) - 1, b_G, 0.))
+        p_k = tl.make_block_ptr(k + (bos * H + i_h) * K, (seqlen, K), (H * K, 1),
+                                (i_t * BT, 0), (BT, BK), (1, 0))
+        p_qt = tl.make_block_ptr(q + (bos * H + i_h) * K, (K, seqlen), (1, H * K),
+                                 (0, i_t * BT), (BK, BT), (0, 1))
+        p_wt = tl.make_block_ptr(w + (bos * HV + i_hv) * K, (K, seqlen), (1, HV * K),
+                                 (0, i_t * BT), (BK, BT), (0, 1))
+        p_do = tl.make_block_ptr(do + (bos * HV + i_hv) * V, (seqlen, V), (HV * V, 1),
+                                 (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+        p_dvl = tl.make_block_ptr(dv_local + (bos * HV + i_hv) * V, (seqlen, V), (HV * V, 1),
+                                  (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+        p_dv2 = tl.make_block_ptr(dv2 + (bos * HV + i_hv) * V, (seqlen, V), (HV * V, 1),
+                                  (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+        b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
+        b_qt = tl.load(p_qt, boundary_check=(0, 1), padding_option="zero")
+        b_wt = tl.load(p_wt, boundary_check=(0, 1), padding_option="zero")
+        b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+        b_dv = tl.load(p_dvl, boundary_check=(0, 1), padding_option="zero")
+        # the state leaving the chunk saw row i decayed by e^{G_C − G_i} ≤ 1
+        b_dv += tl.dot(b_k, b_dh.to(b_k.dtype), input_precision=DOT_PREC) \
+            * decay(b_G_last - b_G, valid)[:, None]
+        tl.store(p_dv2, b_dv.to(p_dv2.dtype.element_ty), boundary_check=(0, 1))
+        b_dog = (b_do * (scale * decay(b_G, valid))[:, None]).to(b_qt.dtype)
+        b_dh = b_dh * tl.exp(b_G_last.to(tl.float32)) \
+            + tl.dot(b_qt, b_dog, input_precision=DOT_PREC) \
+            - tl.dot(b_wt, b_dv.to(b_wt.dtype), input_precision=DOT_PREC)
+    if STORE_INITIAL_STATE_GRAD:
+        p_dh0 = tl.make_block_ptr(dh0 + p_state, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+        tl.store(p_dh0, b_dh.to(p_dh0.dtype.element_ty), boundary_check=(0, 1))
+
+
+def chunk_bwd_state(q, k, w, g, do, dv_local, scale, dht, initial_state, chunk_size, num_seqs,
+                    cu_seqlens=None, chunk_offsets=None, num_chunks=None, dot_precision="ieee"):
+    """Reverse recurrence over chunks, one program per (value block, sequence, value head).
+
+    Args:
+        q, k: ``[B, T, H, K]``; w: ``[B, T, HV, K]`` (W of the forward, recomputed);
+        g: ``[B, T, HV]`` per-token log-decay; do: ``[B, T, HV, V]``;
+        dv_local: ``[B, T, HV, V]`` fp32 (kernels/chunk_bwd_dv.py); dht: ``[N, HV, K, V]`` cotangent of the final state or None;
+        initial_state: ``[N, HV, K, V]`` or None (then no dh0 is produced).
+    Returns:
+        ``(dh [NT_total, HV, K, V] in k's dtype — gradient of the state leaving each chunk,
+        dv2 [B, T, HV, V] in do's dtype — the full ∂L/∂V',
+        dh0 [N, HV, K, V] in initial_state's dtype or None)``.
+    """
+    B, T, H, K = k.shape
+    HV, V = do.shape[2], do.shape[3]
+    NT = num_chunks if cu_seqlens is not None else B * triton.cdiv(T, chunk_size)
+    dh = k.new_empty(NT, HV, K, V)
+    dv2 = torch.zeros_like(do) if cu_seqlens is not None else torch.empty_like(do)
+    dh0 = torch.empty_like(initial_state) if initial_state is not None else None
+    BK = max(16, triton.next_power_of_2(K))
+    # the [BK, BV] fp32 state gradient lives in registers: keep it at most 128×64
+    BV = min(64 if BK <= 128 else 32, max(16, triton.next_power_of_2(V)))
+    grid = (triton.cdiv(V, BV), num_seqs * HV)
+    chunk_bwd_state_kernel[grid](q, k, w, g, do, dv_local, dh, dv2, dht, dh0, cu_seqlens,
+                                 chunk_offsets, scale, T, H=H, HV=HV, K=K, V=V, BT=chunk_size,
+                                 BK=BK, BV=BV, USE_FINAL_STATE_GRAD=dht is not None,
+                                 STORE_INITIAL_STATE_GRAD=initial_state is not None,
+                                 IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision)
+    return dh, dv2, dh0

@@ -1,0 +1,180 @@
+"""Gradients of the Triton backends against torch autograd through an fp64 reference.
+
+The reference runs in float64 on the same (rounded) inputs: the token recurrence
+(:func:`gdn_fused.reference.recurrent_gated_delta_rule_ref`) for strong and spiked decay — the
+chunked form's autograd gate gradient cancels O(1) terms there and is 3 % off even in fp64 —
+and the chunked form (exact to ~1e-15 otherwise, 20× faster under autograd) for the rest.
+Error: ‖x − ref‖ / ‖ref‖ per gradient.
+
+CPU: Triton interpreter (conftest), fp32 (bound 1e-4) and fp16 (2e-3: the inputs and the
+returned gradients are rounded to fp16, ~3e-4 each). GPU (`gpu` marker): bf16, K = V = 128,
+bounds 8e-3 for dq, dk, dv, dh0 and 2e-2 for dg, dbeta.
+"""
+import pytest
+import torch
+
+from gdn_fused import chunk_gated_delta_rule
+from gdn_fused.autograd import backward_by_recompute
+from gdn_fused.reference import chunk_gated_delta_rule_ref, recurrent_gated_delta_rule_ref
+from tests.cases import make_inputs, rel_err
+
+NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
+
+# (id, B, T, H, HV, K, V, gate, initial state + final-state cotangent, cu_seqlens, chunk)
+CASES = [
+    ("g-zero", 1, 70, 1, 1, 32, 16, "zero", True, None, 64),
+    ("strong-partial", 1, 80, 1, 2, 32, 16, "strong", True, None, 64),
+    ("spike-90", 1, 50, 1, 1, 32, 16, "spike", True, None, 16),
+    ("batch2-c16", 2, 45, 1, 1, 32, 16, "normal", True, None, 16),
+    ("gva2-c32", 1, 70, 1, 2, 32, 32, "normal", True, None, 32),
+    ("gva3-k48", 1, 65, 1, 3, 48, 16, "normal", True, None, 64),
+    # a packed buffer 10 rows longer than cu_seqlens[-1]: the tail's gradients must be exactly 0
+    ("varlen-empty-tail", 1, 110, 1, 2, 32, 16, "normal", True, [0, 20, 20, 85, 100], 64),
+    ("no-state", 1, 70, 2, 2, 16, 32, "normal", False, None, 64),
+]
+CPU_BOUND = {torch.float32: 1e-4, torch.float16: 2e-3}
+GPU_BOUND = {"dq": 8e-3, "dk": 8e-3, "dv": 8e-3, "dh0": 8e-3, "dg": 2e-2, "dbeta": 2e-2}
+
+
+def inputs(case, dtype, device):
+    """Leaf tensors (q, k, v, g, beta, h0), cotangents (do, dht) and cu_seqlens of a case."""
+    _, B, T, H, HV, K, V, gate, state, cu, C = case
+    N = len(cu) - 1 if cu is not None else B
+    xs = make_inputs(B, T, H, HV, K, V, dtype, gate, "uniform", state, N, device, chunk_size=C)
+    gen = torch.Generator().manual_seed(1)
+    do = torch.randn(B, T, HV, V, generator=gen).to(device, dtype)
+    dht = torch.randn(N, HV, K, V, generator=gen).to(device) if state else None
+    cu_t = torch.tensor(cu, device=device) if cu is not None else None
+    return xs, do, dht, cu_t
+
+
+def grads(fn, xs, do, dht):
+    """∂/∂(q, k, v, g, beta, h0) of ⟨o, do⟩ + ⟨final state, dht⟩, with o, ht = fn(*leaves)."""
+    leaves = [x.detach().clone().requires_grad_() if x is not None else None for x in xs]
+    o, ht = fn(*leaves)
+    loss = (o.double() * do.double()).sum()
+    if dht is not None:
+        loss = loss + (ht.double() * dht.double()).sum()
+    wrt = [x for x in leaves if x is not None]
+    got = iter(torch.autograd.grad(loss, wrt))
+    return [next(got) if x is not None else None for x in leaves]
+
+
+def truth_grads(xs, do, dht, cu, l2norm=False, recurrence=True):
+    f64 = [x.detach().double() if x is not None else None for x in xs]
+    if recurrence:
+        return grads(lambda q, k, v, g, b, h: recurrent_gated_delta_rule_ref(
+            q, k, v, g, b, None, h, True, cu, l2norm), f64, do, dht)
+    return grads(lambda q, k, v, g, b, h: chunk_gated_delta_rule_ref(
+        q, k, v, g, b, None, h, True, cu, l2norm), f64, do, dht)
+
+
+def case_truth(case, xs, do, dht, cu):
+    return truth_grads(xs, do, dht, cu, recurrence=case[7] in ("strong", "spike"))
+
+
+def triton_grads(xs, do, dht, cu, C, backend="materialized", l2norm=False):
+    return grads(lambda q, k, v, g, b, h: chunk_gated_delta_rule(
+        q, k, v, g, b, initial_state=h, output_final_state=True, cu_seqlens=cu,
+        use_qk_l2norm_in_kernel=l2norm, chunk_size=C, backend=backend), xs, do, dht)
+
+
+def errors(got, ref):
+    return {n: rel_err(a, r) for n, a, r in zip(NAMES, got, ref) if r is not None}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_backward_fp32(case):
+    xs, do, dht, cu = inputs(case, torch.float32, "cpu")
+    got = triton_grads(xs, do, dht, cu, case[-1])
+    for x, d in zip(xs, got):
+        assert x is None or d.dtype == x.dtype
+    err = errors(got, case_truth(case, xs, do, dht, cu))
+    assert max(err.values()) <= CPU_BOUND[torch.float32], err
+    if cu is not None:
+        end = case[9][-1]
+        for name, d in zip(NAMES[:5], got[:5]):
+            assert torch.equal(d[0, end:], torch.zeros_like(d[0, end:])), name
+
+
+FP16_CASES = [c for c in CASES if c[0] in ("strong-partial", "gva3-k48")]
+
+
+@pytest.mark.parametrize("case", FP16_CASES, ids=[c[0] for c in FP16_CASES])
+def test_backward_fp16(case):
+    xs, do, dht, cu = inputs(case, torch.float16, "cpu")
+    err = errors(triton_grads(xs, do, dht, cu, case[-1]), case_truth(case, xs, do, dht, cu))
+    if case[7] == "strong":
+        # ∂L/∂h0 ∝ e^{G} ≈ e^{-30} and below: under fp16's smallest subnormal (6e-8), so W and
+        # e^G·dO flush to 0 in fp16 storage (bf16 and fp32 keep the exponent range)
+        err.pop("dh0")
+    assert max(err.values()) <= CPU_BOUND[torch.float16], err
+
+
+def test_strong_decay_gate_gradient_not_cancelled():
+    """Every gate in [-70, -69]: the true dg is ~1e-14 while the O(1) pair terms that a
+    reverse cumsum of ∂L/∂G would cancel are not; dg must still be relatively exact."""
+    case = ("g70", 1, 80, 1, 1, 32, 16, "strong", True, None, 64)
+    xs, do, dht, cu = inputs(case, torch.float32, "cpu")
+    xs = list(xs)
+    xs[3] = -70 + torch.rand(xs[3].shape, generator=torch.Generator().manual_seed(2))
+    got, ref = triton_grads(xs, do, dht, cu, 64), truth_grads(xs, do, dht, cu)
+    assert ref[3].abs().max() < 1e-12
+    assert rel_err(got[3], ref[3]) <= 1e-5
+
+
+def test_l2norm_in_kernel_gradient_flows_through_norm():
+    case = ("l2", 1, 70, 1, 2, 32, 16, "normal", True, None, 64)
+    xs, do, dht, cu = inputs(case, torch.float32, "cpu")
+    xs = list(xs)
+    gen = torch.Generator().manual_seed(3)
+    xs[0] = 3 * torch.randn(xs[0].shape, generator=gen)  # far from unit norm: the norm matters
+    xs[1] = 0.5 * torch.randn(xs[1].shape, generator=gen)
+    err = errors(triton_grads(xs, do, dht, cu, 64, l2norm=True),
+                 truth_grads(xs, do, dht, cu, l2norm=True, recurrence=False))
+    assert max(err.values()) <= 1e-4, err
+
+
+def test_gradient_of_one_input_without_final_state():
+    """Only v requires a gradient and the final state is not returned (dht is None)."""
+    xs, do, dht, cu = inputs(CASES[4], torch.float32, "cpu")
+    q, k, v, g, b, h = [x.detach().clone() for x in xs]
+    v.requires_grad_()
+    o, ht = chunk_gated_delta_rule(q, k, v, g, b, initial_state=h, chunk_size=32,
+                                   backend="materialized")
+    (o.double() * do.double()).sum().backward()
+    ref = truth_grads(xs, do, None, cu, recurrence=False)[2]
+    assert ht is None and rel_err(v.grad, ref) <= 1e-4
+
+
+def test_backward_by_recompute_matches():
+    """The torch-autograd reference backward and the Triton kernels agree (both vs truth)."""
+    case = CASES[3]
+    xs, do, dht, cu = inputs(case, torch.float32, "cpu")
+    scale = xs[0].shape[-1] ** -0.5
+    ref = truth_grads(xs, do, dht, cu, recurrence=False)
+    slow = backward_by_recompute(*xs[:5], scale, xs[5], do, dht, cu, case[-1])
+    assert max(errors(slow, ref).values()) <= 1e-4
+    assert max(errors(triton_grads(xs, do, dht, cu, case[-1]), slow).values()) <= 1e-4
+
+
+GPU_CASES = [
+    ("dense", 2, 300, 2, 4, 128, 128, "normal", True, None, 64),
+    ("gva3-partial", 1, 200, 1, 3, 128, 128, "normal", True, None, 64),
+    ("strong", 1, 200, 1, 2, 128, 128, "strong", True, None, 64),
+    ("g-zero", 1, 200, 1, 2, 128, 128, "zero", True, None, 64),
+    ("varlen-empty", 1, 400, 2, 2, 128, 128, "normal", True, [0, 130, 130, 317, 380], 64),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["materialized", "fused"])
+@pytest.mark.parametrize("case", GPU_CASES, ids=[c[0] for c in GPU_CASES])
+def test_backward_bf16_gpu(case, backend):
+    xs, do, dht, cu = inputs(case, torch.bfloat16, "cuda")
+    got = triton_grads(xs, do, dht, cu, case[-1], backend)
+    err = errors(got, case_truth(case, xs, do, dht, cu))
+    assert all(err[n] <= GPU_BOUND[n] for n in err), err
+    if cu is not None:
+        end = case[9][-1]
+        assert all(torch.equal(d[0, end:], torch.zeros_like(d[0, end:])) for d in got[:5])
