@@ -51,7 +51,7 @@ def chunk_bwd_dqkwg_kernel(q, k, v_new, h, dh, g, do, dv2, dq, dk, dw, dg, cu_se
     b_dk = tl.zeros([BT, BK], dtype=tl.float32)
     b_dw = tl.zeros([BT, BK], dtype=tl.float32)
     b_dM = tl.zeros([BT, BT], dtype=tl.float32)
-    b_hdh = tl.zeros([BV, BK], dtype=tl.float32)
+    b_hdh = tl.zeros([1], dtype=tl.float32)  # ⟨h, dh⟩ over this key block
     for i_v in range(tl.cdiv(V, BV)):
         p_h = tl.make_block_ptr(h + p_state, (V, K), (1, V), (i_v * BV, i_k * BK), (BV, BK),
                                 (0, 1))
@@ -72,7 +72,7 @@ def chunk_bwd_dqkwg_kernel(q, k, v_new, h, dh, g, do, dv2, dq, dk, dw, dg, cu_se
         b_dk += tl.dot(b_vn, b_dht.to(b_vn.dtype), input_precision=DOT_PREC)
         b_dw += tl.dot(b_dv, b_ht.to(b_dv.dtype), input_precision=DOT_PREC)
         b_dM += tl.dot(b_do, tl.trans(b_vn), input_precision=DOT_PREC)
-        b_hdh += b_ht.to(tl.float32) * b_dht.to(tl.float32)
+        b_hdh += tl.sum(tl.sum(b_ht.to(tl.float32) * b_dht.to(tl.float32), 1))
     p_q = tl.make_block_ptr(q + (bos * H + i_h) * K, (seqlen, K), (H * K, 1),
                             (i_t * BT, i_k * BK), (BT, BK), (1, 0))
     p_k = tl.make_block_ptr(k + (bos * H + i_h) * K, (seqlen, K), (H * K, 1),
@@ -88,7 +88,7 @@ def chunk_bwd_dqkwg_kernel(q, k, v_new, h, dh, g, do, dv2, dq, dk, dw, dg, cu_se
     # through the state leaving the chunk: e^{G_C} h (a row term of G_C) and the keys decayed
     # by e^{G_C − G_j} (pair terms (C, j), j < C; j = C has exponent 0 and no gate gradient)
     b_dk = b_dk * decay(b_G_last - b_G, valid)[:, None]
-    b_a = tl.where(o_i == last, tl.sum(tl.sum(b_hdh, 1)) * tl.exp(b_G_last.to(tl.float32)), 0.)
+    b_a = tl.where(o_i == last, tl.sum(b_hdh) * tl.exp(b_G_last.to(tl.float32)), 0.)
     b_Z = tl.where((o_i[:, None] == last) & (o_i[None, :] < last),
                    tl.sum(b_dk * b_kf, 1)[None, :], 0.)
     # through the inter-chunk output term scale·e^{G_i} q_i h: row terms

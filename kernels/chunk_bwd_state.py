@@ -91,7 +91,8 @@ def chunk_bwd_state(q, k, w, g, do, dv_local, scale, dht, initial_state, chunk_s
     Args:
         q, k: ``[B, T, H, K]``; w: ``[B, T, HV, K]`` (W of the forward, recomputed);
         g: ``[B, T, HV]`` per-token log-decay; do: ``[B, T, HV, V]``;
-        dv_local: ``[B, T, HV, V]`` fp32 (kernels/chunk_bwd_dv.py); dht: ``[N, HV, K, V]`` cotangent of the final state or None;
+        dv_local: ``[B, T, HV, V]`` fp32 (kernels/chunk_bwd_dv.py); dht: ``[N, HV, K, V]``
+        cotangent of the final state or None;
         initial_state: ``[N, HV, K, V]`` or None (then no dh0 is produced).
     Returns:
         ``(dh [NT_total, HV, K, V] in k's dtype — gradient of the state leaving each chunk,
