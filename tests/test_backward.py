@@ -147,6 +147,15 @@ def test_gradient_of_one_input_without_final_state():
     assert ht is None and rel_err(v.grad, ref) <= 1e-4
 
 
+def test_fused_forward_shares_the_backward():
+    """backend="fused" (its own forward kernel; K, V in {64, 128}) with the same backward."""
+    case = ("fused", 1, 40, 1, 2, 64, 64, "normal", True, [0, 13, 13, 40], 16)
+    xs, do, dht, cu = inputs(case, torch.float32, "cpu")
+    err = errors(triton_grads(xs, do, dht, cu, case[-1], backend="fused"),
+                 case_truth(case, xs, do, dht, cu))
+    assert max(err.values()) <= 1e-4, err
+
+
 def test_backward_by_recompute_matches():
     """The torch-autograd reference backward and the Triton kernels agree (both vs truth)."""
     case = CASES[3]
