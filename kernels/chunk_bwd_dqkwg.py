@@ -46,7 +46,7 @@ def chunk_bwd_dqkwg_kernel(q, k, v_new, h, dh, g, do, dv2, dq, dk, dw, dg, cu_se
         i_c = tl.load(chunk_offsets + i_n).to(tl.int32) + i_t
     else:
         i_c = i_b * tl.cdiv(T, BT) + i_t
-    p_state = (i_c * HV + i_hv) * K * V
+    p_state = (i_c.to(tl.int64) * HV + i_hv) * K * V
     b_dq = tl.zeros([BT, BK], dtype=tl.float32)
     b_dk = tl.zeros([BT, BK], dtype=tl.float32)
     b_dw = tl.zeros([BT, BK], dtype=tl.float32)

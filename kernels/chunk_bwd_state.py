@@ -48,7 +48,7 @@ def chunk_bwd_state_kernel(q, k, w, g, do, dv_local, dh, dv2, dht, dh0, cu_seqle
     o_i = tl.arange(0, BT)
     for i_r in range(NT):
         i_t = NT - 1 - i_r
-        p_dh = tl.make_block_ptr(dh + ((boh + i_t) * HV + i_hv) * K * V, (K, V), (V, 1),
+        p_dh = tl.make_block_ptr(dh + ((boh + i_t).to(tl.int64) * HV + i_hv) * K * V, (K, V), (V, 1),
                                  (0, i_v * BV), (BK, BV), (1, 0))
         tl.store(p_dh, b_dh.to(p_dh.dtype.element_ty), boundary_check=(0, 1))
         valid = (i_t * BT + o_i) < seqlen

@@ -24,7 +24,7 @@ def chunk_output_kernel(q, k, v_new, h, G, o, cu_seqlens, chunk_indices, chunk_o
                             (BT, BK), (1, 0))
     p_k = tl.make_block_ptr(k + (bos * H + i_h) * K, (K, seqlen), (1, H * K), (0, i_t * BT),
                             (BK, BT), (0, 1))
-    p_h = tl.make_block_ptr(h + (i_c * HV + i_hv) * K * V, (K, V), (V, 1), (0, i_v * BV),
+    p_h = tl.make_block_ptr(h + (i_c.to(tl.int64) * HV + i_hv) * K * V, (K, V), (V, 1), (0, i_v * BV),
                             (BK, BV), (1, 0))
     b_q = tl.load(p_q, boundary_check=(0, 1))
     b_k = tl.load(p_k, boundary_check=(0, 1))

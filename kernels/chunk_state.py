@@ -33,7 +33,7 @@ def chunk_state_kernel(k, w, u, G, h, v_new, h0, ht, cu_seqlens, chunk_offsets, 
         b_h = tl.load(p_h0, boundary_check=(0, 1)).to(tl.float32)
     o_i = tl.arange(0, BT)
     for i_t in range(NT):
-        p_h = tl.make_block_ptr(h + ((boh + i_t) * HV + i_hv) * K * V, (K, V), (V, 1),
+        p_h = tl.make_block_ptr(h + ((boh + i_t).to(tl.int64) * HV + i_hv) * K * V, (K, V), (V, 1),
                                 (0, i_v * BV), (BK, BV), (1, 0))
         tl.store(p_h, b_h.to(p_h.dtype.element_ty), boundary_check=(0, 1))
         p_w = tl.make_block_ptr(w + (bos * HV + i_hv) * K, (seqlen, K), (HV * K, 1),
