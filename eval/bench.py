@@ -146,15 +146,22 @@ def sweep_kkt_solve(bandwidth, B=8, T=4096):
     floor_us = A.numel() * 6 / bandwidth * 1e6
     ref = kkt_solve(A, torch.float32)
     rows = []
-    for diag in ("substitution", "doubling"):
-        for warps in (1, 2, 4, 8):
-            out = kkt_solve(A, torch.float32, diag=diag, num_warps=warps)
-            err = (out - ref).abs().max().item()
-            us = 1e3 * triton.testing.do_bench(
-                lambda: kkt_solve(A, torch.bfloat16, diag=diag, num_warps=warps),
-                return_mode="median")
-            rows.append(dict(diag=diag, warps=warps, us=us, frac_bw=floor_us / us, diff=err))
-            print(rows[-1], flush=True)
+    variants = [dict(diag="substitution", num_warps=w, dot_precision=p)
+                for w in (1, 2) for p in ("ieee", "tf32x3")]
+    variants += [dict(diag="doubling", num_warps=2, dot_precision="tf32x3")]
+    for kw in variants:
+        err = (kkt_solve(A, torch.float32, **kw) - ref).abs().max().item()
+        us = 1e3 * triton.testing.do_bench(lambda: kkt_solve(A, torch.bfloat16, **kw),
+                                           return_mode="median")
+        rows.append(dict(kw, us=us, frac_bw=floor_us / us, diff=err))
+        print(rows[-1], flush=True)
+    from gdn_fused.kernels.kkt_solve import kkt_solve_from_k
+    G = chunk_cumsum(g, CHUNK)
+    for w in (1, 2, 4):
+        us = 1e3 * triton.testing.do_bench(
+            lambda: kkt_solve_from_k(k, G, beta, HV, CHUNK, torch.bfloat16, num_warps=w),
+            return_mode="median")
+        print(dict(variant="from_k", num_warps=w, us=us), flush=True)
     return rows
 
 
