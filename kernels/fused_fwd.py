@@ -1,6 +1,465 @@
-"""Fused forward kernel (issue 4): not built yet; every caller falls back to materialized."""
+"""Fused chunkwise Gated DeltaNet forward: one Triton launch, every intermediate on chip.
+
+Each program owns one (sequence, value head, block of BV value columns) and walks that
+sequence's chunks in order, carrying its K×BV slice of the state S in fp32 registers. Per chunk
+of C tokens (design card §Chunkwise form; Yang, Kautz & Hatamizadeh, *Gated Delta Networks*,
+arXiv:2412.06464, §3.3)::
+
+    G  = cumsum(g)                                  cumulative log-decay, natural log
+    A  = strictLower(D_beta (Γ ⊙ K Kᵀ)),  Γ_ij = exp(G_i − G_j)
+    T  = (I + A)⁻¹                                  blocked recursion, fp32
+    W  = T D_beta D_exp(G) K,   U = T D_beta V
+    V' = U − W S  =  T D_beta (V − D_exp(G) K S)      (W never formed)
+    O  = scale (D_exp(G) Q S + lowerIncl(Γ ⊙ Q Kᵀ) V')
+    S ← exp(G_C) S + Kᵀ (D_exp(G_C − G) V')
+
+Only o and the final state are written to HBM. Long sequences with few heads can be cut into
+segments run side by side (:mod:`gdn_fused.kernels.fused_split`): one extra launch summarises
+each segment's affine state map, and each program here first composes its exact entering state.
+
+Numerics. Every exponent is ≤ 0 for g ≤ 0: Γ is formed from differences G_i − G_j with the
+upper triangle and the rows past the sequence end selected away *before* the exp (G_i − G_j > 0
+there and may overflow; inf·0 is NaN), so a decay of −70 per token underflows to 0 and never
+gives inf or NaN. The inverse is computed in fp32 (input_precision="ieee"). With 16-bit
+inputs, K Kᵀ, Q Kᵀ, K S, Q S and P V' take 16-bit operands (fp32 accumulation, tensor cores),
+while the two products whose rounding accumulates in the state, T·R and Kᵀ·V', keep fp32
+operands at tf32 (see :func:`dot_precisions` and docs/fused_design.md for the error study).
+fp32 inputs use exact fp32 products throughout.
+
+Design notes and the reasons behind them: docs/fused_design.md.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from gdn_fused.validation import CHUNK_SIZES, triton_interpreted
+
+HEAD_DIMS = (64, 128)      # K and V the kernel is built and tested for
+SUB = 16                   # diagonal block of the blocked inverse: tl.dot's smallest tile
+BLOCK_V = 64               # value columns per program: a 128×64 fp32 state slice per program
+NUM_WARPS = 8              # two warpgroups: fewest spills on sm_90 for K, V in {64, 128}
+IEEE = tl.constexpr("ieee")  # exact for fp32 operands; 16-bit operands use tensor cores anyway
 
 
-def unsupported_reason(q, v, chunk_size):
-    """Why the fused kernel cannot run these inputs (None when it can)."""
-    return "the fused kernel is not built yet"
+# ----------------------------------------------------------------------------------------------
+# On-chip chunk math, shared with the segment-map kernel of fused_split.py
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit
+def _block_rows(A, sel, S: tl.constexpr):
+    """The S×S block of each block row of A [C, C] that ``sel`` selects (at most one per block
+    row; zero where none): [C/S, S, S]."""
+    C: tl.constexpr = A.shape[0]
+    return tl.sum(tl.reshape(tl.where(sel, A, 0.0), (C // S, S, C // S, S)), axis=2)
+
+
+@triton.jit
+def _forward_substitution(A):
+    """(I + A)⁻¹ for a batch of strictly lower triangular blocks A [NB, S, S] fp32.
+
+    Row s of the inverse X is e_s − A[s, :] X (rows above s are final, A[s, j ≥ s] = 0): S − 1
+    serial steps of vector work, all NB blocks side by side."""
+    r = tl.arange(0, A.shape[1])
+    at_row = r[None, :, None]
+    X = tl.where(r[:, None] == r[None, :], 1.0, 0.0)[None, :, :] + tl.zeros_like(A)
+    for s in tl.static_range(1, A.shape[1]):
+        a_s = tl.sum(tl.where(at_row == s, A, 0.0), axis=1)  # [NB, S] = A[:, s, :]
+        x_s = tl.where(r == s, 1.0, 0.0)[None, :] - tl.sum(a_s[:, :, None] * X, axis=1)
+        X = tl.where(at_row == s, x_s[:, None, :], X)
+    return X
+
+
+@triton.jit
+def _halves(x):
+    """The even- and odd-indexed blocks of x [2P, S, S]: two [P, S, S] tensors."""
+    y = tl.reshape(x, (x.shape[0] // 2, 2, x.shape[1], x.shape[2]))
+    return tl.split(tl.permute(y, (0, 2, 3, 1)))
+
+
+@triton.jit
+def _cat_cols(a, b):
+    """[a | b] along the last axis: two [P, S, S] → [P, S, 2S]."""
+    ab = tl.permute(tl.join(a, b), (0, 1, 3, 2))
+    return tl.reshape(ab, (a.shape[0], a.shape[1], 2 * a.shape[2]))
+
+
+@triton.jit
+def _merge_level(X, A):
+    """One level of the blocked recursion: merge consecutive diagonal blocks of (I + A)⁻¹.
+
+    X [2P, S, S] holds the inverses of the S×S diagonal blocks of I + A (A [C, C] strictly lower,
+    C = 2P·S); returns those of the 2S×2S ones, [P, 2S, 2S], by
+    ``[[I + A00, 0], [A10, I + A11]]⁻¹ = [[X0, 0], [−X1 A10 X0, X1]]`` (two fp32 products)."""
+    P: tl.constexpr = X.shape[0] // 2
+    S: tl.constexpr = X.shape[1]
+    bi = tl.arange(0, A.shape[0])[:, None] // S
+    bj = tl.arange(0, A.shape[0])[None, :] // S
+    # A10 of pair p is block (2p + 1, 2p): odd block rows, the block left of the diagonal
+    A10 = _block_rows(A, (bi % 2 == 1) & (bj == bi - 1), S)  # even block rows are 0
+    A10 = tl.sum(tl.reshape(A10, (P, 2, S, S)), axis=1)
+    X0, X1 = _halves(X)
+    X10 = -tl.dot(X1, tl.dot(A10, X0, input_precision=IEEE), input_precision=IEEE)
+    rows = tl.join(_cat_cols(X0, tl.zeros_like(X0)), _cat_cols(X10, X1))  # [P, S, 2S, 2]
+    return tl.reshape(tl.permute(rows, (0, 3, 1, 2)), (P, 2 * S, 2 * S))
+
+
+@triton.jit
+def _unit_lower_inverse(A, SUB: tl.constexpr):
+    """(I + A)⁻¹ [C, C] fp32 for A [C, C] fp32 strictly lower triangular, C in {16, 32, 64}.
+
+    Blocked recursion (design card, inversion algorithms): the SUB×SUB diagonal blocks by
+    forward substitution side by side, then log2(C/SUB) merge levels whose coupling blocks are
+    fp32 products; no pivoting (unit triangular)."""
+    C: tl.constexpr = A.shape[0]
+    NB: tl.constexpr = C // SUB
+    tl.static_assert(NB == 1 or NB == 2 or NB == 4, "chunk must be 16, 32 or 64 rows")
+    bi = tl.arange(0, C)[:, None] // SUB
+    bj = tl.arange(0, C)[None, :] // SUB
+    X = _forward_substitution(_block_rows(A, bi == bj, SUB))
+    if NB >= 2:
+        X = _merge_level(X, A)
+    if NB >= 4:
+        X = _merge_level(X, A)
+    return tl.reshape(X, (C, C))
+
+
+@triton.jit
+def _chunk_gate_inverse(k, g, beta, n_valid, SUB: tl.constexpr):
+    """Cumulative gate and UT-transform inverse of one chunk.
+
+    k [C, K] in the input dtype, g, beta [C] fp32, all zero past the sequence end (row n_valid
+    on). Returns G [C] fp32 (cumulative log-decay) and T = (I + A)⁻¹ [C, C] fp32,
+    A = strictLower(D_beta (Γ ⊙ K Kᵀ))."""
+    C: tl.constexpr = k.shape[0]
+    G = tl.cumsum(g, axis=0)
+    rows = tl.arange(0, C)
+    # select before the exp: G_i − G_j > 0 above the diagonal can overflow, and inf·0 is NaN
+    strict = (rows[:, None] > rows[None, :]) & (rows < n_valid)[:, None]
+    gamma = tl.exp(tl.where(strict, G[:, None] - G[None, :], float("-inf")))
+    A = beta[:, None] * gamma * tl.dot(k, tl.trans(k), input_precision=IEEE)
+    return G, _unit_lower_inverse(A, SUB)
+
+
+@triton.jit
+def _delta_values(T, k, v, G, beta, S, STATE_PRECISION: tl.constexpr):
+    """V' = U − W S = T D_beta (V − D_exp(G) K S) [C, BV] fp32.
+
+    Factoring T D_beta out of W = T D_beta D_exp(G) K and U = T D_beta V saves the C×C×K
+    product that forms W and its C×K tile; it is the same algebra. T [C, C] fp32, k [C, K] in
+    the input dtype, v [C, BV] (zero past the end), G, beta [C] fp32, S [K, BV] fp32.
+    K S takes S rounded to the input dtype; T·(…) stays on fp32 operands at STATE_PRECISION
+    (its rounding feeds the state directly: docs/fused_design.md, precision)."""
+    ks = tl.dot(k, S.to(k.dtype), input_precision=IEEE)
+    r = beta[:, None] * (v.to(tl.float32) - tl.exp(G)[:, None] * ks)
+    return tl.dot(T, r, input_precision=STATE_PRECISION)
+
+
+@triton.jit
+def _state_step(S, k, G, v_new, STATE_PRECISION: tl.constexpr):
+    """S ← exp(G_C) S + Kᵀ (D_exp(G_C − G) V') for one chunk: S [K, BV] fp32, k [C, K],
+    G [C] fp32 (G_C its last entry: padded rows have g = 0), v_new [C, BV] fp32.
+
+    The decay is applied to V' rather than to K, so K enters unscaled (exactly, widened to
+    fp32) and no scaled copy of it stays live; the product runs on fp32 operands at
+    STATE_PRECISION because its rounding accumulates in the state."""
+    C: tl.constexpr = k.shape[0]
+    G_C = tl.sum(tl.where(tl.arange(0, C) == C - 1, G, 0.0), axis=0)
+    v_decayed = v_new * tl.exp(G_C - G)[:, None]
+    kv = tl.dot(tl.trans(k.to(tl.float32)), v_decayed, input_precision=STATE_PRECISION)
+    return S * tl.exp(G_C) + kv
+
+
+@triton.jit
+def _program_coords(NB: tl.constexpr, HV: tl.constexpr, H: tl.constexpr):
+    """(column block, sequence, value head, q/k head) of this program: axis 0 of the grid
+    enumerates sequence-major, then value head, then the NB column blocks, so programs reading
+    the same keys run side by side."""
+    pid = tl.program_id(0)
+    i_hv = (pid // NB) % HV
+    return pid % NB, pid // (NB * HV), i_hv, i_hv // (HV // H)  # GVA: head j reads j // (HV/H)
+
+
+@triton.jit
+def _seq_bounds(cu_seqlens, i_n, T, VARLEN: tl.constexpr):
+    """Batch row and [bos, eos) token range of sequence i_n (int64): row i_n and [0, T), or
+    row 0 and [cu_seqlens[i_n], cu_seqlens[i_n + 1]) for packed input (read on the device)."""
+    if VARLEN:
+        i_b = tl.zeros([], dtype=tl.int64)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    else:
+        i_b = i_n.to(tl.int64)
+        bos = tl.zeros([], dtype=tl.int64)
+        eos = bos + T
+    return i_b, bos, eos
+
+
+@triton.jit
+def _head_pointers(k, v, g, beta, i_b, i_h, i_hv, s_kb, s_kh, s_vb, s_vh, s_gb, s_gh):
+    """k, v, g, beta advanced to batch row i_b and this program's heads (k: q/k head i_h; v, g,
+    beta: value head i_hv); g and beta share one layout."""
+    return (k + i_b * s_kb + i_h * s_kh, v + i_b * s_vb + i_hv * s_vh,
+            g + i_b * s_gb + i_hv * s_gh, beta + i_b * s_gb + i_hv * s_gh)
+
+
+@triton.jit
+def _segment_chunks(bos, eos, seg, C: tl.constexpr, NUM_SEG: tl.constexpr):
+    """Chunk range [c_lo, c_hi) of segment ``seg`` of a sequence: ceil(chunks / NUM_SEG) each,
+    so segments start on the same chunk grid as an unsplit run (empty ones are allowed)."""
+    n_chunks = tl.cdiv(eos - bos, C)
+    per_seg = tl.cdiv(n_chunks, NUM_SEG)
+    c_lo = seg * per_seg
+    return c_lo, tl.minimum(c_lo + per_seg, n_chunks)
+
+
+@triton.jit
+def _load_chunk_rows(k, g, beta, t0, n_valid, s_kt, s_gt, K: tl.constexpr, C: tl.constexpr):
+    """Keys [C, K] (input dtype) and g, beta [C] fp32 of the chunk starting at token t0, zero
+    from row n_valid on (past the sequence end). k, g, beta point at this program's batch row
+    and head; s_kt, s_gt are their token strides (g and beta share a layout)."""
+    rows = tl.arange(0, C)
+    valid = rows < n_valid
+    tok = t0 + rows
+    b_k = tl.load(k + tok[:, None] * s_kt + tl.arange(0, K)[None, :], mask=valid[:, None],
+                  other=0.0)
+    b_g = tl.load(g + tok * s_gt, mask=valid, other=0.0).to(tl.float32)
+    b_beta = tl.load(beta + tok * s_gt, mask=valid, other=0.0).to(tl.float32)
+    return b_k, b_g, b_beta
+
+
+# ----------------------------------------------------------------------------------------------
+# The forward kernel
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit
+def _fused_fwd_kernel(q, k, v, g, beta, o, h0, ht, seg_maps, cu_seqlens, scale, T, N,
+                      s_qb, s_qt, s_qh, s_vb, s_vt, s_vh, s_gb, s_gt, s_gh,
+                      H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                      BV: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr,
+                      NUM_SEG: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
+                      VARLEN: tl.constexpr, STATE_PRECISION: tl.constexpr,
+                      COMPOSE_PRECISION: tl.constexpr):
+    """Grid (N·HV·V/BV, NUM_SEG): program (sequence, value head, V-block) × segment.
+
+    q and k share the (batch, token, head) strides s_q*, v has s_v*, g and beta s_g*; the last
+    dim of q, k, v is contiguous; o [B, T, HV, V] is contiguous."""
+    i_v, i_n, i_hv, i_h = _program_coords(V // BV, HV, H)
+    seg = tl.program_id(1)
+    i_b, bos, eos = _seq_bounds(cu_seqlens, i_n, T, VARLEN)
+    c_lo, c_hi = _segment_chunks(bos, eos, seg, C, NUM_SEG)
+    q += i_b * s_qb + i_h * s_qh
+    k, v, g, beta = _head_pointers(k, v, g, beta, i_b, i_h, i_hv, s_qb, s_qh, s_vb, s_vh, s_gb,
+                                   s_gh)
+    o += (i_b * T * HV + i_hv) * V
+
+    o_k = tl.arange(0, K)
+    o_v = i_v * BV + tl.arange(0, BV)
+    rows = tl.arange(0, C)
+    head = (i_n * HV + i_hv).to(tl.int64)
+    if USE_H0:
+        S = tl.load(h0 + head * K * V + o_k[:, None] * V + o_v[None, :]).to(tl.float32)
+    else:
+        S = tl.zeros([K, BV], dtype=tl.float32)
+    if NUM_SEG > 1:
+        # exact entering state: S ← M_j S + b_j through the earlier segments' affine maps,
+        # stored as [M | b] rows of width K + V by fused_split's map kernel
+        maps = seg_maps + head * (NUM_SEG - 1) * K * (K + V) + o_k[:, None] * (K + V)
+        for j in range(0, seg):
+            M = tl.load(maps + j * K * (K + V) + o_k[None, :])
+            b = tl.load(maps + j * K * (K + V) + K + o_v[None, :])
+            S = tl.dot(M, S, input_precision=COMPOSE_PRECISION) + b
+
+    for c in range(c_lo, c_hi):
+        t0 = bos + c * C
+        n_valid = eos - t0
+        valid = rows < n_valid
+        tok = t0 + rows
+        b_k, b_g, b_beta = _load_chunk_rows(k, g, beta, t0, n_valid, s_qt, s_gt, K, C)
+        b_q = tl.load(q + tok[:, None] * s_qt + o_k[None, :], mask=valid[:, None], other=0.0)
+        b_v = tl.load(v + tok[:, None] * s_vt + o_v[None, :], mask=valid[:, None], other=0.0)
+
+        G, T_inv = _chunk_gate_inverse(b_k, b_g, b_beta, n_valid, SUB)
+        v_new = _delta_values(T_inv, b_k, b_v, G, b_beta, S, STATE_PRECISION)
+
+        qk = tl.dot(b_q, tl.trans(b_k), input_precision=IEEE)
+        causal = (rows[:, None] >= rows[None, :]) & valid[:, None]
+        attn = tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf"))) * qk * scale
+        # gate rows after the product: q stays the loaded tile (no scaled copy in registers)
+        b_o = (scale * tl.exp(G))[:, None] * tl.dot(b_q, S.to(b_k.dtype), input_precision=IEEE)
+        b_o += tl.dot(attn.to(b_k.dtype), v_new.to(b_k.dtype), input_precision=IEEE)
+        tl.store(o + tok[:, None] * (HV * V) + o_v[None, :], b_o.to(o.dtype.element_ty),
+                 mask=valid[:, None])
+
+        S = _state_step(S, b_k, G, v_new, STATE_PRECISION)
+
+    if seg == NUM_SEG - 1:
+        if STORE_HT:
+            tl.store(ht + head * K * V + o_k[:, None] * V + o_v[None, :], S)
+        if VARLEN:
+            if i_n == N - 1:
+                # a packed buffer longer than cu_seqlens[-1]: its tail gets o = 0
+                for t in range(eos, T, C):
+                    tail = t + rows
+                    tl.store(o + tail[:, None] * (HV * V) + o_v[None, :],
+                             tl.zeros([C, BV], dtype=o.dtype.element_ty),
+                             mask=(tail < T)[:, None])
+
+
+# ----------------------------------------------------------------------------------------------
+# Host side: support check, launch configuration, custom op
+# ----------------------------------------------------------------------------------------------
+
+def unsupported_reason(q: torch.Tensor, v: torch.Tensor, chunk_size: int) -> Optional[str]:
+    """Why the fused kernel cannot run these inputs, or None when it can (no device sync).
+
+    q [B, T, H, K], v [B, T, HV, V]: K and V must be 64 or 128, the dtype fp16/bf16/fp32, the
+    chunk 16/32/64, and a CUDA device of compute capability ≥ 8.0 (16-bit tensor-core dots)
+    or CPU under TRITON_INTERPRET=1."""
+    K, V = q.shape[-1], v.shape[-1]
+    if K not in HEAD_DIMS or V not in HEAD_DIMS:
+        return f"head dims K={K}, V={V} not in {HEAD_DIMS}"
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return f"dtype {q.dtype} not supported (fp16, bf16, fp32)"
+    if chunk_size not in CHUNK_SIZES:
+        return f"chunk_size {chunk_size} not in {CHUNK_SIZES}"
+    if q.device.type == "cuda":
+        if torch.cuda.get_device_capability(q.device) < (8, 0):
+            return "needs compute capability >= 8.0"
+    elif not triton_interpreted():
+        return f"tensors on {q.device.type} need TRITON_INTERPRET=1"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device``; the H200's 132 where there is no GPU (the
+    interpreter), so plans made on CPU match the target card."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132
+
+
+def dot_precisions(dtype: torch.dtype) -> tuple[str, str]:
+    """input_precision of the products on fp32 operands: (state path T·R and Kᵀ·V', segment
+    composition M·S). Exact fp32 ("ieee") for fp32 inputs. For 16-bit inputs the state path
+    uses tf32 (10-bit mantissa, tensor cores) — bf16 operands there cost the final state ~8×
+    more error (docs/fused_design.md) — and the composition tf32x3 (≈ fp32 accuracy on tensor
+    cores; a 128×128 fp32 FMA product spills ~7 KB per thread on sm_90)."""
+    if dtype == torch.float32:
+        return "ieee", "ieee"
+    return "tf32", "tf32x3"
+
+
+def launch_config(V: int) -> tuple[int, dict]:
+    """(BV, launch options) of both fused launches, fixed by the shape (no autotuning, so CUDA
+    graph capture sees one plan): BV = 64 value columns per program and 8 warps, the setting
+    with the fewest register spills on sm_90 for every supported K, V (docs/fused_design.md);
+    one stage, because the chunk loop's loads feed register math before any product and a
+    deeper software pipeline prefetches nothing (same shared memory at 2 stages on sm_90)."""
+    return min(BLOCK_V, V), dict(num_warps=NUM_WARPS, num_stages=1)
+
+
+def _strides(x: torch.Tensor) -> tuple[int, int, int]:
+    """(batch, token, head) strides of a [B, T, heads, …] tensor, in elements."""
+    return x.stride(0), x.stride(1), x.stride(2)
+
+
+def _kernel_layout(q, k, v, g, beta):
+    """Views the kernel reads in place: the last dim of q, k, v contiguous, q and k with one
+    layout, g and beta with one layout (Hugging Face passes slices of fused projections);
+    anything else is copied to a contiguous tensor."""
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or q.stride() != k.stride():
+        q, k = q.contiguous(), k.contiguous()
+    if v.stride(-1) != 1:
+        v = v.contiguous()
+    if g.stride() != beta.stride():
+        g, beta = g.contiguous(), beta.contiguous()
+    return q, k, v, g, beta
+
+
+@torch.library.custom_op("gdn_fused::fused_fwd", mutates_args=())
+def _fused_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                  beta: torch.Tensor, scale: float, initial_state: Optional[torch.Tensor],
+                  output_final_state: bool, cu_seqlens: Optional[torch.Tensor],
+                  chunk_size: int, num_segments: int) -> tuple[torch.Tensor, torch.Tensor]:
+    from gdn_fused.kernels import fused_split  # builds on this module's chunk helpers
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    q, k, v, g, beta = _kernel_layout(q, k, v, g, beta)
+    if initial_state is not None:
+        initial_state = initial_state.contiguous()
+    o = torch.empty(B, T, HV, V, dtype=q.dtype, device=q.device)
+    ht = torch.empty((N, HV, K, V) if output_final_state else (0,), dtype=torch.float32,
+                     device=q.device)
+    BV, options = launch_config(V)
+    precision, compose_precision = dot_precisions(q.dtype)
+    if num_segments <= 0:
+        num_segments = fused_split.choose_num_segments(N, HV, K, V, BV, B * T / max(N, 1),
+                                                       chunk_size, sm_count(q.device))
+    seg_maps = None
+    if num_segments > 1:
+        seg_maps = fused_split.segment_maps(k, v, g, beta, cu_seqlens, N, num_segments,
+                                            chunk_size, BV, precision, options)
+    grid = (N * HV * (V // BV), num_segments)
+    _fused_fwd_kernel[grid](
+        q, k, v, g, beta, o, initial_state, ht, seg_maps, cu_seqlens, scale, T, N,
+        *_strides(q), *_strides(v), *_strides(g),
+        H=H, HV=HV, K=K, V=V, BV=BV, C=chunk_size, SUB=SUB, NUM_SEG=num_segments,
+        USE_H0=initial_state is not None, STORE_HT=output_final_state,
+        VARLEN=cu_seqlens is not None, STATE_PRECISION=precision,
+        COMPOSE_PRECISION=compose_precision, **options)
+    return o, ht
+
+
+@_fused_fwd_op.register_fake
+def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_size,
+      num_segments):
+    B, T, _, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    o = q.new_empty(B, T, HV, V)
+    ht = q.new_empty((N, HV, K, V) if output_final_state else (0,), dtype=torch.float32)
+    return o, ht
+
+
+def fused_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+              beta: torch.Tensor, scale: float, initial_state: Optional[torch.Tensor],
+              output_final_state: bool, cu_seqlens: Optional[torch.Tensor],
+              chunk_size: int = 64, num_segments: Optional[int] = None):
+    """Chunkwise Gated DeltaNet forward in one fused Triton launch (design card §Chunkwise form).
+
+    Inputs are taken as validated by :func:`gdn_fused.validation.check_inputs` (q and k already
+    L2-normalised if that was asked for) and supported by :func:`unsupported_reason`.
+
+    Args:
+        q, k: ``[B, T, H, K]`` fp16/bf16/fp32, K in {64, 128}.
+        v: ``[B, T, HV, V]`` same dtype, V in {64, 128}; value head j reads q/k head
+            ``j // (HV // H)``.
+        g: ``[B, T, HV]`` per-token log-decay (natural log, ≤ 0), any float dtype, used in fp32.
+        beta: ``[B, T, HV]`` write strength, any float dtype, used in fp32.
+        scale: output scale (a Python float).
+        initial_state: ``[N, HV, K, V]`` any float dtype (used in fp32), or None for zeros.
+        output_final_state: return the final state.
+        cu_seqlens: ``[N+1]`` int32/int64 offsets of packed sequences (B == 1), read on the
+            device; empty sequences pass their state through; o past ``cu_seqlens[-1]`` is 0.
+        chunk_size: 16, 32 or 64.
+        num_segments: segments per sequence run side by side (exact state composition,
+            :mod:`gdn_fused.kernels.fused_split`); None or 0 picks it from the shape.
+
+    Returns:
+        ``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] fp32 or None)``.
+
+    Registered as the custom op ``torch.ops.gdn_fused.fused_fwd`` (with a fake implementation)
+    so torch.compile sees one opaque op; no host synchronisation and no autotuning, so it can
+    be captured in a CUDA graph for fixed shapes.
+    """
+    o, ht = _fused_fwd_op(q, k, v, g, beta, float(scale), initial_state,
+                          bool(output_final_state), cu_seqlens, int(chunk_size),
+                          int(num_segments or 0))
+    return o, (ht if output_final_state else None)
