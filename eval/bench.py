@@ -135,6 +135,34 @@ def bench_kkt_solve(bandwidth, solve_tril, B=8, T=4096):
     return row
 
 
+def bench_stages(B=1, T=32768):
+    """Time of each materialized kernel at one shape: where the forward's time goes."""
+    import triton
+    from gdn_fused.kernels.chunk_gate import chunk_cumsum
+    from gdn_fused.kernels.chunk_output import chunk_output
+    from gdn_fused.kernels.chunk_state import chunk_state
+    from gdn_fused.kernels.kkt_solve import kkt_solve_from_k
+    from gdn_fused.kernels.wu import recompute_w_u
+    q, k, v, g, beta, h0 = make_inputs(B, T)
+    prec = "tf32"
+    G = chunk_cumsum(g, CHUNK)
+    Ai = kkt_solve_from_k(k, G, beta, HV, CHUNK, torch.bfloat16)
+    w, u = recompute_w_u(k, v, G, beta, Ai, dot_precision=prec)
+    h, v_new, _ = chunk_state(k, w, u, G, h0, True, CHUNK, B, dot_precision=prec)
+    stages = {
+        "chunk_cumsum": lambda: chunk_cumsum(g, CHUNK),
+        "kkt_solve_from_k": lambda: kkt_solve_from_k(k, G, beta, HV, CHUNK, torch.bfloat16),
+        "recompute_w_u": lambda: recompute_w_u(k, v, G, beta, Ai, dot_precision=prec),
+        "chunk_state": lambda: chunk_state(k, w, u, G, h0, True, CHUNK, B, dot_precision=prec),
+        "chunk_output": lambda: chunk_output(q, k, v_new, h, G, 0.1, CHUNK, dot_precision=prec),
+    }
+    row = {name: 1e3 * triton.testing.do_bench(fn, return_mode="median")
+           for name, fn in stages.items()}
+    print(f"materialized stages at B={B}, T={T}, µs:", {k: round(v, 1) for k, v in row.items()},
+          flush=True)
+    return row
+
+
 def sweep_kkt_solve(bandwidth, B=8, T=4096):
     """kkt_solve launch variants (diagonal-block method × warps), fp32 A in, bf16 T out."""
     import triton
@@ -224,6 +252,7 @@ def main(argv=None):
         return
     fla_chunk, solve_tril = load_fla()
     kkt_row = None if args.no_kkt else bench_kkt_solve(bandwidth, solve_tril)
+    bench_stages()
     rows = bench_forward(shapes, bandwidth, fla_chunk, not args.no_backward)
     write_outputs(args.out, rows, kkt_row, bandwidth)
 

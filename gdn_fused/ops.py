@@ -19,9 +19,17 @@ def _fused_supported(q, v, chunk_size):
     return fused_fwd.unsupported_reason(q, v, chunk_size)
 
 
+# auto picks the fused kernel only where it has been measured faster than materialized. The
+# plain-Triton fused kernel (kernels/fused_fwd.py) is correct but, measured on the H200 at
+# H=16, HV=32, K=V=128, bf16, 8× slower than materialized at (B, T) = (1, 32768) (17.8 ms vs
+# 2.19 ms) and slower at every anchor shape (eval.bench, 2026-11-29): register spills of its
+# on-chip inverse. Flip this once a fused kernel wins (issue 4).
+AUTO_PICKS_FUSED = False
+
+
 def resolve_backend(backend: str, q: torch.Tensor, v: torch.Tensor, chunk_size: int) -> str:
-    """Map "auto" to a concrete backend: fused where supported, else materialized on GPU,
-    torch on CPU; every fallback is logged at debug level with its reason."""
+    """Map "auto" to a concrete backend: fused where supported and faster, else materialized on
+    GPU, torch on CPU; every fallback is logged at debug level with its reason."""
     if backend == "fused":
         why = _fused_supported(q, v, chunk_size)
         if why is not None:
@@ -33,7 +41,8 @@ def resolve_backend(backend: str, q: torch.Tensor, v: torch.Tensor, chunk_size: 
     if q.device.type != "cuda":
         logger.debug("gdn_fused: auto -> torch (tensors on %s)", q.device)
         return "torch"
-    why = _fused_supported(q, v, chunk_size)
+    why = _fused_supported(q, v, chunk_size) if AUTO_PICKS_FUSED else \
+        "the fused kernel is not yet faster than materialized"
     if why is None:
         return "fused"
     logger.debug("gdn_fused: auto -> materialized (%s)", why)
@@ -66,8 +75,8 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
             ``cu_seqlens[-1]`` gets o = 0 in its tail.
         use_qk_l2norm_in_kernel: L2-normalise q and k (fp32, eps 1e-6) inside the op.
         chunk_size: 16, 32 or 64.
-        backend: "auto" | "torch" | "materialized" | "fused". auto: fused on CUDA where
-            supported, else materialized on CUDA, torch on CPU.
+        backend: "auto" | "torch" | "materialized" | "fused". auto: materialized on CUDA
+            (fused once it is measured faster: see ``AUTO_PICKS_FUSED``), torch on CPU.
         solve_method: the kkt_solve inverse (seed 001, Table 2): "blocked" (default, stable);
             the Triton backends also take "mxr" and "newton_schulz", the torch backend every
             method of :data:`gdn_fused.inverse.METHODS` (including the unstable "mch"). The

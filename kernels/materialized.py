@@ -44,7 +44,7 @@ def materialized_fwd(q, k, v, g, beta, scale, initial_state, output_final_state,
     # the fused kkt variant: A is formed on chip and never written to HBM
     Ai = kkt_solve_from_k(k, G, beta, HV, chunk_size,
                           inverse_dtype or (torch.float32 if q.dtype == torch.float32 else q.dtype),
-                          dot_precision="ieee", solve_method=solve_method,
+                          solve_method=solve_method,
                           solve_iters=solve_iters, **idx)
     w, u = recompute_w_u(k, v, G, beta, Ai, dot_precision=prec, **idx)
     h, v_new, ht = chunk_state(k, w, u, G, initial_state, output_final_state, chunk_size, N,
