@@ -20,5 +20,6 @@ if _os.path.isfile(_os.path.join(_root, "kernels", "__init__.py")):
 
 from gdn_fused.ops import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule  # noqa: E402
 
-__all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"]
+__all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "GatedDeltaNet"]
 __version__ = "0.1.0"
+from gdn_fused.layer import GatedDeltaNet  # noqa: E402

@@ -1,0 +1,179 @@
+"""Prefill and decode speed of a Qwen3-Next-80B-A3B-shaped stack: our swapped GatedDeltaNet
+layers vs transformers' torch fallback (what stock transformers runs without fla).
+
+    python -m eval.bench_layer [--prefill 8192] [--decode-steps 64] [--layers 3]
+                               [--backend auto] [--dtype bf16] [--device cuda]
+
+The model is a ``Qwen3NextForCausalLM`` of ``--layers`` Gated DeltaNet decoder layers with
+Qwen3-Next-80B-A3B's shapes (hidden 2048, 16 q/k heads, 32 value heads, head dims 128, conv 4,
+vocabulary 151936) followed by one of its gated full-attention layers (16 heads, 2 KV heads, head
+dim 256: the 80B's repeating block is 3 + 1, and transformers' cache needs an attention layer to
+count positions), a dense MLP (intermediate 5120) in place of the MoE block (not what is timed,
+and the same in both paths), and random weights at trained-model scale (:func:`randomize_stack`). Both paths run the same weights: the fallback first, then the same
+model after :func:`gdn_fused.models.swap_gated_deltanet`.
+
+Timing (CUDA-synchronised wall clock, median over ``--reps`` after one warm-up):
+
+- prefill: one forward of B=1 × ``--prefill`` tokens with a fresh cache, ``logits_to_keep=1``;
+- decode: per-token time of ``--decode-steps`` single-token forwards of fixed random tokens
+  continuing from that prefill's cache (HF's ``DynamicCache``, as ``generate()`` uses it).
+
+Prints a table (ms, tokens/s, speed-up) and the relative logit difference of the two paths on the
+last prefill position and the last decode step, as a sanity check of what was timed.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from gdn_fused.layer import A_INIT_RANGE, DT_INIT_FLOOR, DT_INIT_RANGE
+
+# Qwen3-Next-80B-A3B (config.json of Qwen/Qwen3-Next-80B-A3B-Instruct)
+HIDDEN, QK_HEADS, V_HEADS, HEAD_DIM, CONV, VOCAB = 2048, 16, 32, 128, 4, 151936
+ATTN_HEADS, KV_HEADS, ATTN_HEAD_DIM = 16, 2, 256
+DENSE_MLP = 5120
+# Pre-norm blocks add updates smaller than the residual stream they read; with unit-scale
+# updates one random layer would replace the stream, and each layer's bf16 noise (~7e-3
+# relative, in HF's fallback and ours alike) would reach the logits undamped.
+RESIDUAL_UPDATE_SCALE = 0.3
+
+
+def qwen3_next_stack(num_layers: int = 3, vocab_size: int = VOCAB, dtype=torch.bfloat16,
+                     device="cuda", seed: int = 0):
+    """A random-weight ``Qwen3NextForCausalLM``: ``num_layers`` Gated DeltaNet layers of
+    Qwen3-Next-80B-A3B's shapes, then one full-attention layer; eval mode, on ``device`` in
+    ``dtype``."""
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    config = Qwen3NextConfig(
+        vocab_size=vocab_size, hidden_size=HIDDEN, num_hidden_layers=num_layers + 1,
+        layer_types=["linear_attention"] * num_layers + ["full_attention"],
+        linear_num_key_heads=QK_HEADS,
+        linear_num_value_heads=V_HEADS, linear_key_head_dim=HEAD_DIM,
+        linear_value_head_dim=HEAD_DIM, linear_conv_kernel_dim=CONV, num_experts=0,
+        intermediate_size=DENSE_MLP, num_attention_heads=ATTN_HEADS,
+        num_key_value_heads=KV_HEADS, head_dim=ATTN_HEAD_DIM)
+    torch.manual_seed(seed)
+    model = Qwen3NextForCausalLM(config)
+    randomize_stack(model)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+@torch.no_grad()
+def randomize_stack(model) -> None:
+    """Weights at the scale of a trained model rather than HF's N(0, 0.02) init (whose tiny
+    embeddings let the first layer replace the residual stream):
+
+    embeddings N(0, 1); matrices (projections, lm_head, conv kernels) N(0, 1/fan_in), so every
+    activation is O(1); the residual-writing projections (GDN ``out_proj``, attention
+    ``o_proj``, MLP ``down_proj``) further scaled by RESIDUAL_UPDATE_SCALE; RMSNorm weights
+    N(0, 0.1) (Qwen3-Next norms scale by 1 + w), gated-norm weights N(1, 0.1);
+    A = exp(A_log) ~ U[A_INIT_RANGE], dt_bias = softplus⁻¹(dt), dt ~ logU[DT_INIT_RANGE]
+    (our layer's Mamba-2 initialisation: long memories, the demanding case for the state)."""
+    for name, p in model.named_parameters():
+        if name.endswith("A_log"):
+            p.copy_(torch.empty_like(p).uniform_(*A_INIT_RANGE).log())
+        elif name.endswith("dt_bias"):
+            lo, hi = torch.tensor(DT_INIT_RANGE).log().tolist()
+            dt = torch.empty_like(p).uniform_(lo, hi).exp().clamp(min=DT_INIT_FLOOR)
+            p.copy_(dt + torch.log(-torch.expm1(-dt)))
+        elif "embed_tokens" in name:
+            p.normal_(0.0, 1.0)
+        elif p.dim() >= 2:
+            residual_write = name.endswith(("out_proj.weight", "o_proj.weight",
+                                            "down_proj.weight"))
+            std = p.shape[-1] ** -0.5 * (RESIDUAL_UPDATE_SCALE if residual_write else 1.0)
+            p.normal_(0.0, std)
+        elif name.endswith("linear_attn.norm.weight"):
+            p.normal_(1.0, 0.1)
+        else:
+            p.normal_(0.0, 0.1)
+
+
+def _sync(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(device, fn, *args, **kwargs):
+    """(seconds, fn(*args, **kwargs)), synchronised with the device before and after."""
+    _sync(device)
+    start = time.perf_counter()
+    out = fn(*args, **kwargs)
+    _sync(device)
+    return time.perf_counter() - start, out
+
+
+@torch.no_grad()
+def measure(model, ids, decode_ids, reps: int, device):
+    """Time a prefill of ``ids [1, T]`` and single-token steps over ``decode_ids [1, S]``.
+
+    Returns (prefill seconds, decode seconds per token, last prefill logits, last decode
+    logits); the decode tokens are fixed (not sampled) so both paths see the same inputs."""
+    def prefill():
+        return model(ids, use_cache=True, logits_to_keep=1)
+
+    prefill()  # warm-up: kernel compilation, allocator
+    runs = [_timed(device, prefill) for _ in range(reps)]
+    t_prefill = statistics.median(t for t, _ in runs)
+    step_times = []
+    for _ in range(reps):
+        cache = prefill().past_key_values
+        for s in range(decode_ids.shape[1]):
+            dt, out = _timed(device, model, decode_ids[:, s:s + 1], past_key_values=cache,
+                             use_cache=True)
+            step_times.append(dt)
+    return t_prefill, statistics.median(step_times), runs[-1][1].logits[:, -1], out.logits[:, -1]
+
+
+def _rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prefill", type=int, default=8192, help="prompt tokens (B = 1)")
+    parser.add_argument("--decode-steps", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--backend", default="auto",
+                        choices=["auto", "torch", "materialized", "fused"])
+    parser.add_argument("--chunk-size", type=int, default=64)
+    parser.add_argument("--solve-method", default="blocked")
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args(argv)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+
+    from gdn_fused.models import swap_gated_deltanet
+
+    model = qwen3_next_stack(args.layers, dtype=dtype, device=args.device)
+    torch.manual_seed(1)
+    ids = torch.randint(0, VOCAB, (1, args.prefill + args.decode_steps), device=args.device)
+    ids, decode_ids = ids[:, :args.prefill], ids[:, args.prefill:]
+    results = {"HF torch fallback": measure(model, ids, decode_ids, args.reps, args.device)}
+    swap_gated_deltanet(model, backend=args.backend, chunk_size=args.chunk_size,
+                        solve_method=args.solve_method)
+    results[f"gdn_fused ({args.backend})"] = measure(model, ids, decode_ids, args.reps,
+                                                     args.device)
+
+    name = torch.cuda.get_device_name(args.device) if args.device != "cpu" else "CPU"
+    print(f"\n{args.layers} Gated DeltaNet layers + 1 attention layer of Qwen3-Next-80B-A3B "
+          f"shape, {args.dtype}, "
+          f"{name}; prefill B=1 T={args.prefill}, decode {args.decode_steps} steps after it\n")
+    print("| path | prefill ms | prefill tok/s | decode ms/token | decode tok/s |")
+    print("|---|---:|---:|---:|---:|")
+    for path, (tp, td, _, _) in results.items():
+        print(f"| {path} | {tp * 1e3:.2f} | {args.prefill / tp:,.0f} | {td * 1e3:.3f} | "
+              f"{1 / td:,.0f} |")
+    (hp, hd, hf_pre, hf_dec), (op, od, our_pre, our_dec) = results.values()
+    print(f"| speed-up | {hp / op:.2f}x | | {hd / od:.2f}x | |")
+    print(f"\nrelative logit difference ours vs fallback: last prefill position "
+          f"{_rel(our_pre, hf_pre):.2e}, last decode step {_rel(our_dec, hf_dec):.2e}")
+
+
+if __name__ == "__main__":
+    main()

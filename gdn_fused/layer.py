@@ -1,0 +1,411 @@
+"""GatedDeltaNet: the token mixer of Qwen3-Next / Qwen3.5 as an ``nn.Module`` over gdn_fused's ops.
+
+Per token, from ``x [d_model]`` (Yang, Kautz & Hatamizadeh, *Gated Delta Networks*,
+arXiv:2412.06464, §3.3 and Fig. 1; the block layout is Qwen3-Next's):
+
+    q, k, v, z, b, a = in_proj(x)                    one GEMM, row layout below
+    q, k, v = SiLU(causal depthwise conv(q, k, v))   short convolution, kernel conv_size
+    q, k = q / ‖q‖, k / ‖k‖                          L2 norm inside the op (one policy)
+    g = −exp(A_log) · softplus(a + dt_bias)          log-decay ≤ 0, fp32 (see gdn_decay)
+    beta = sigmoid(b)  (2·sigmoid(b) with negative eigenvalues allowed)
+    o = GDN(q, k, v, g, beta)                        chunk op for prefill, recurrent for decode
+    y = out_proj(RMSNorm(o) · SiLU(z))               per value head
+
+``in_proj.weight`` rows, in order: q ``[H·K]``, k ``[H·K]``, v ``[HV·V]``, z ``[HV·V]`` (only
+with the output gate), b ``[HV]``, a ``[HV]``; head h of q/k is served by value heads
+``h·G … h·G+G−1`` with ``G = HV // H`` (the op's GVA convention). The conv channels are
+``[q | k | v]`` in that order, as in Hugging Face's ``conv1d``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gdn_fused.cache import as_layer_cache
+from gdn_fused.ops import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+from gdn_fused.validation import BACKENDS, CHUNK_SIZES, MAX_HEAD_DIM
+
+# exp(88.7) overflows fp32: clamping A_log below it keeps A = exp(A_log) finite, so
+# A · softplus(·) can never be inf · 0.
+LOG_A_MAX = 80.0
+# softplus(x) = x beyond this; capping its argument here bounds every term of A_log's gradient
+# sum (so the sum cannot overflow to inf and meet exp(A_log) = 0), and changes g only where
+# A < 128 / SOFTPLUS_ARG_MAX, far outside trained models (|a + dt_bias| is O(10) there).
+SOFTPLUS_ARG_MAX = 1e4
+# exp(-104) already rounds to 0 in fp32 (smallest subnormal 2^-149 ≈ e^-103.3), so a log-decay
+# clamped at -128 decays exactly like any stronger one, while a chunk's cumulative sum
+# (≤ 64 · 128 in magnitude) keeps ~1e-3 absolute precision for the differences G_i − G_j.
+LOG_DECAY_MIN = -128.0
+# Continuing from a cached state with at most this many tokens takes the recurrent op (one
+# launch, T rank-1 updates); longer continuations take the chunk op. 16 is the smallest chunk
+# size: below one chunk the chunked form pays its per-chunk setup for less than a chunk of work.
+RECURRENT_MAX_TOKENS = 16
+# Initialisation of a standalone layer's decay, Mamba-2's defaults (Dao & Gu, arXiv:2405.21060;
+# mamba_ssm's Mamba2 A_init_range, dt_min, dt_max, dt_init_floor): A ~ U[1, 16],
+# dt ~ logU[1e-3, 1e-1] floored at 1e-4, dt_bias = softplus⁻¹(dt).
+A_INIT_RANGE = (1.0, 16.0)
+DT_INIT_RANGE = (1e-3, 1e-1)
+DT_INIT_FLOOR = 1e-4
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """fp32 for half types and fp32, fp64 for fp64 (the fp64 tests' truth)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def gdn_decay(A_log: torch.Tensor, a: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
+    """Log-decay ``g = −exp(A_log) · softplus(a + dt_bias)`` (natural log, ≤ 0).
+
+    Args:
+        A_log: ``[HV]`` any float dtype.
+        a: ``[..., HV]`` any float dtype (the ``a`` rows of the input projection).
+        dt_bias: ``[HV]`` any float dtype.
+
+    Returns:
+        ``[..., HV]`` in fp32 (fp64 when ``a`` is fp64), finite and in ``[LOG_DECAY_MIN, 0]``
+        for every finite input: ``A_log`` is clamped at ``LOG_A_MAX`` so ``exp`` stays finite,
+        the softplus argument at ``SOFTPLUS_ARG_MAX`` (it may overflow to inf in
+        ``a + dt_bias``; softplus may underflow to 0: finite · 0 = 0, never inf · 0), and g
+        at ``LOG_DECAY_MIN``, where the decay is already 0 in fp32. Gradients are finite as
+        well (clamped entries get zero gradient). Formula and rounding as in Hugging Face's
+        Qwen3-Next layer, so unclamped values are bitwise equal to its.
+    """
+    dtype = _compute_dtype(a.dtype)
+    A = A_log.to(dtype).clamp(max=LOG_A_MAX).exp()
+    sp = F.softplus((a.to(dtype) + dt_bias.to(dtype)).clamp(max=SOFTPLUS_ARG_MAX))
+    return (-A * sp).clamp(min=LOG_DECAY_MIN)
+
+
+def gdn_beta(b: torch.Tensor, allow_neg_eigval: bool = False) -> torch.Tensor:
+    """Write strength ``beta = sigmoid(b)`` in (0, 1), or ``2·sigmoid(b)`` in (0, 2) when
+    negative eigenvalues of the transition ``I − beta k kᵀ`` are allowed (Grazzi et al.,
+    arXiv:2411.12537). ``b [..., HV]`` any float dtype; returns fp32 (fp64 for fp64 input)."""
+    beta = torch.sigmoid(b.to(_compute_dtype(b.dtype)))
+    return 2.0 * beta if allow_neg_eigval else beta
+
+
+class GatedRMSNorm(nn.Module):
+    """RMSNorm over the last dim, optionally gated by SiLU: ``w · x/rms(x) · SiLU(gate)``.
+
+    Norm before gate, as in fla's ``FusedRMSNormGated`` and Hugging Face's
+    ``Qwen3NextRMSNormGated``, with the same rounding: normalise in fp32 (fp64 for fp64
+    input), cast to the input dtype, scale by ``weight``, multiply by ``SiLU(gate)`` computed
+    in fp32, cast to the input dtype.
+
+    Args:
+        hidden_size: the normalised dim D.
+        eps: added to the mean square.
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, device=None, dtype=None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
+        """x ``[..., D]``, gate ``[..., D]`` or None; returns ``[..., D]`` in x's dtype."""
+        cd = _compute_dtype(x.dtype)
+        xf = x.to(cd)
+        y = self.weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        if gate is not None:
+            y = y * F.silu(gate.to(cd))
+        return y.to(x.dtype)
+
+
+def causal_short_conv(x: torch.Tensor, weight: torch.Tensor, seqlen: int,
+                      cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal depthwise convolution followed by SiLU.
+
+    Args:
+        x: ``[B, C, L + T]``: L ≥ 0 columns of cached left context, then the T new inputs;
+            context before the first column is zero (a sequence start).
+        weight: ``[C, 1, W]`` depthwise kernel (``nn.Conv1d`` layout), any float dtype; the
+            product runs in the weight's dtype like Hugging Face's fallback.
+        seqlen: T, the number of outputs (the last T positions).
+        cu_seqlens: ``[N+1]`` packed sequence offsets (needs B == 1 and L == 0): taps never
+            cross a sequence boundary.
+
+    Returns:
+        ``[B, C, T]`` in x's dtype.
+    """
+    W = weight.shape[-1]
+    xw = x.to(weight.dtype)
+    if cu_seqlens is None:
+        y = F.conv1d(F.pad(xw, (W - 1, 0)), weight, groups=weight.shape[0])[..., -seqlen:]
+    else:
+        # position of every token inside its own sequence; tap `lag` reads x[t − lag] only when
+        # that token belongs to the same sequence (pos ≥ lag)
+        t = torch.arange(seqlen, device=x.device)
+        cu = cu_seqlens.to(x.device, torch.long)
+        start = cu[torch.searchsorted(cu[1:], t, right=True).clamp(max=cu.numel() - 2)]
+        pos = t - start
+        acc = torch.zeros(x.shape, dtype=torch.float32 if weight.dtype != torch.float64
+                          else torch.float64, device=x.device)
+        for lag in range(W):
+            shifted = F.pad(xw, (lag, 0))[..., :seqlen].to(acc.dtype)
+            acc += weight[:, 0, W - 1 - lag, None].to(acc.dtype) * shifted * (pos >= lag)
+        y = acc.to(weight.dtype)
+    return F.silu(y).to(x.dtype)
+
+
+def _check_int(name, value, low):
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+
+def _check_bool(name, value):
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be a bool, got {value!r}")
+
+
+class GatedDeltaNet(nn.Module):
+    """Gated DeltaNet token mixer (Qwen3-Next / Qwen3.5 layout) over gdn_fused's ops.
+
+    Args:
+        d_model: model width (input and output features).
+        num_heads: H, the number of q/k heads.
+        num_v_heads: HV, the number of value heads, a multiple of H (GVA); default H.
+        head_k_dim: K, q/k head dim (≤ 256). Default 128 (Qwen3-Next).
+        head_v_dim: V, value head dim (≤ 256). Default 128.
+        conv_size: W, kernel of the causal depthwise short convolution over q, k, v. Default 4.
+        use_short_conv: with False, q, k, v get SiLU without a convolution (fla's option).
+        use_output_gate: gate the normalised output with SiLU(z) (z from the input
+            projection); with False a plain RMSNorm.
+        norm_eps: epsilon of the output RMSNorm.
+        allow_neg_eigval: beta = 2·sigmoid(b) ∈ (0, 2) instead of sigmoid(b).
+        layer_idx: key of this layer's state in a cache; needed when a cache is passed.
+        backend: chunk op backend, "auto" | "torch" | "materialized" | "fused" (see
+            :func:`gdn_fused.chunk_gated_delta_rule`); decode uses the recurrent op with
+            "torch" for backend "torch" and one Triton launch otherwise ("auto": torch on CPU).
+        chunk_size: 16, 32 or 64, the chunk op's chunk.
+        solve_method, solve_iters: the chunk op's kkt_solve inverse method and iteration count.
+        device, dtype: of the parameters.
+
+    Parameters: ``in_proj.weight [2HK + HV·V (+ HV·V) + 2HV, d_model]`` (row layout in the
+    module docstring), ``conv1d.weight [2HK + HV·V, 1, W]``, ``A_log [HV]``, ``dt_bias [HV]``,
+    ``norm.weight [V]``, ``out_proj.weight [d_model, HV·V]``; no biases.
+
+    Raises:
+        ValueError naming the argument for a bad constructor argument.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, num_v_heads: int | None = None,
+                 head_k_dim: int = 128, head_v_dim: int = 128, conv_size: int = 4,
+                 use_short_conv: bool = True, use_output_gate: bool = True,
+                 norm_eps: float = 1e-6, allow_neg_eigval: bool = False,
+                 layer_idx: int | None = None, backend: str = "auto", chunk_size: int = 64,
+                 solve_method: str = "blocked", solve_iters: int | None = None,
+                 device=None, dtype=None):
+        super().__init__()
+        num_v_heads = num_heads if num_v_heads is None else num_v_heads
+        _check_int("d_model", d_model, 1)
+        _check_int("num_heads", num_heads, 1)
+        _check_int("num_v_heads", num_v_heads, 1)
+        if num_v_heads % num_heads:
+            raise ValueError(f"num_v_heads={num_v_heads} must be a multiple of "
+                             f"num_heads={num_heads}")
+        for name, value in (("head_k_dim", head_k_dim), ("head_v_dim", head_v_dim)):
+            _check_int(name, value, 1)
+            if value > MAX_HEAD_DIM:
+                raise ValueError(f"{name} must be <= {MAX_HEAD_DIM}, got {value}")
+        _check_int("conv_size", conv_size, 1)
+        for name, value in (("use_short_conv", use_short_conv),
+                            ("use_output_gate", use_output_gate),
+                            ("allow_neg_eigval", allow_neg_eigval)):
+            _check_bool(name, value)
+        if isinstance(norm_eps, bool) or not isinstance(norm_eps, (int, float)) or not norm_eps > 0:
+            raise ValueError(f"norm_eps must be a positive float, got {norm_eps!r}")
+        if layer_idx is not None:
+            _check_int("layer_idx", layer_idx, 0)
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if chunk_size not in CHUNK_SIZES:
+            raise ValueError(f"chunk_size must be one of {CHUNK_SIZES}, got {chunk_size!r}")
+        if not isinstance(solve_method, str):
+            raise ValueError(f"solve_method must be a str, got {solve_method!r}")
+        if solve_iters is not None:
+            _check_int("solve_iters", solve_iters, 1)
+
+        self.d_model, self.num_heads, self.num_v_heads = d_model, num_heads, num_v_heads
+        self.head_k_dim, self.head_v_dim = head_k_dim, head_v_dim
+        self.key_dim, self.value_dim = num_heads * head_k_dim, num_v_heads * head_v_dim
+        self.conv_dim = 2 * self.key_dim + self.value_dim
+        self.conv_size = conv_size
+        self.use_output_gate, self.allow_neg_eigval = use_output_gate, allow_neg_eigval
+        self.layer_idx = layer_idx
+        self.backend, self.chunk_size = backend, chunk_size
+        self.solve_method, self.solve_iters = solve_method, solve_iters
+
+        factory = {"device": device, "dtype": dtype}
+        gate_dim = self.value_dim if use_output_gate else 0
+        self.in_proj = nn.Linear(d_model, self.conv_dim + gate_dim + 2 * num_v_heads, bias=False,
+                                 **factory)
+        self.conv1d = (nn.Conv1d(self.conv_dim, self.conv_dim, conv_size, groups=self.conv_dim,
+                                 bias=False, **factory) if use_short_conv else None)
+        self.A_log = nn.Parameter(torch.empty(num_v_heads, **factory))
+        self.dt_bias = nn.Parameter(torch.empty(num_v_heads, **factory))
+        self.norm = GatedRMSNorm(head_v_dim, eps=norm_eps, **factory)
+        self.out_proj = nn.Linear(self.value_dim, d_model, bias=False, **factory)
+        self._init_decay()
+
+    @torch.no_grad()
+    def _init_decay(self):
+        """A ~ U[A_INIT_RANGE], dt_bias = softplus⁻¹(dt) with dt ~ logU[DT_INIT_RANGE]."""
+        if self.A_log.is_meta:
+            return
+        self.A_log.copy_(torch.empty_like(self.A_log, dtype=torch.float32)
+                         .uniform_(*A_INIT_RANGE).log())
+        lo, hi = (math.log(x) for x in DT_INIT_RANGE)
+        dt = torch.empty_like(self.dt_bias, dtype=torch.float32).uniform_(lo, hi).exp()
+        dt = dt.clamp(min=DT_INIT_FLOOR)
+        self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+
+    def extra_repr(self) -> str:
+        return (f"d_model={self.d_model}, heads={self.num_heads}/{self.num_v_heads}, "
+                f"head_dims={self.head_k_dim}/{self.head_v_dim}, conv_size={self.conv_size}, "
+                f"layer_idx={self.layer_idx}, backend={self.backend!r}, "
+                f"chunk_size={self.chunk_size}, solve_method={self.solve_method!r}")
+
+    def _keep_mask(self, attention_mask, B, T):
+        """2-D padding mask (1 = token, 0 = padding) → bool ``[B, T]`` of the last T columns."""
+        if attention_mask is None:
+            return None
+        if not isinstance(attention_mask, torch.Tensor):
+            raise TypeError("attention_mask must be a torch.Tensor or None, got "
+                            f"{type(attention_mask).__name__}")
+        if attention_mask.dim() != 2 or attention_mask.shape[0] != B \
+                or attention_mask.shape[1] < T:
+            raise ValueError(f"attention_mask must be a 2-D [B, >= T] = [{B}, >= {T}] padding "
+                             f"mask (1 = token, 0 = padding), got {tuple(attention_mask.shape)}")
+        return attention_mask[:, -T:].to(torch.bool)
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                past_key_values=None, use_cache: bool = False, **kwargs) -> torch.Tensor:
+        """Mix tokens of ``hidden_states``; continue from and update a cache when one is given.
+
+        Args:
+            hidden_states: ``[B, T, d_model]`` fp16/bf16/fp32 (fp64 with backend "torch").
+            attention_mask: None or a 2-D padding mask ``[B, T' ≥ T]`` (bool or 0/1 ints; its
+                last T columns are used, Hugging Face's convention). Padded tokens neither
+                write nor decay the state (their k, v, beta and g are zeroed), their conv
+                inputs are zero (so a left-padded prompt convolves like the prompt alone), and
+                their outputs are zero.
+            past_key_values: None, a :class:`gdn_fused.GatedDeltaNetCache`, or a transformers
+                ``Cache`` (``generate()``'s; also accepted as ``cache_params=`` (transformers
+                5.17) or ``cache=`` (newer 5.x)). The layer continues from its state under
+                ``layer_idx`` and writes the new conv and fp32 recurrent state back in place.
+                Continuations of at most ``RECURRENT_MAX_TOKENS`` tokens outside autograd run
+                the recurrent op; longer ones, and any call that needs gradients, the chunk op.
+            use_cache: kept for fla / Hugging Face signature compatibility: a cache that is
+                passed is always updated; True without a cache raises.
+            **kwargs: ``cu_seqlens`` (or Hugging Face's ``cu_seq_lens_q``) ``[N+1]`` for packed
+                sequences with B == 1 (no cache; the conv does not cross sequence
+                boundaries); every other keyword is ignored (Hugging Face passes extras).
+
+        Returns:
+            ``[B, T, d_model]`` in the dtype of ``hidden_states``.
+
+        Raises:
+            ValueError for a wrong input shape or mask, ``use_cache=True`` without a cache, a
+            cache without ``layer_idx``, a cached state of another batch size, or packed
+            sequences with a cache; TypeError for inputs or a cache of the wrong type.
+        """
+        cache = self._pick_cache(past_key_values, kwargs.get("cache_params"),
+                                 kwargs.get("cache"))
+        if use_cache and cache is None:
+            raise ValueError("use_cache=True needs a cache to write into: pass "
+                             "past_key_values=gdn_fused.GatedDeltaNetCache() (or HF's Cache)")
+        if not isinstance(hidden_states, torch.Tensor):
+            raise TypeError(f"hidden_states must be a torch.Tensor, got "
+                            f"{type(hidden_states).__name__}")
+        if hidden_states.dim() != 3 or hidden_states.shape[-1] != self.d_model:
+            raise ValueError(f"hidden_states must be [B, T, d_model={self.d_model}], got "
+                             f"{tuple(hidden_states.shape)}")
+        B, T, _ = hidden_states.shape
+        keep = self._keep_mask(attention_mask, B, T)
+        cu_seqlens = kwargs.get("cu_seqlens")
+        if cu_seqlens is None:
+            cu_seqlens = kwargs.get("cu_seq_lens_q")
+        layer_cache = as_layer_cache(cache)
+        if layer_cache is not None:
+            if self.layer_idx is None:
+                raise ValueError("a cache was passed but layer_idx is None: construct the layer "
+                                 "with layer_idx=<its index in the model>")
+            if cu_seqlens is not None:
+                raise ValueError("packed sequences (cu_seqlens) cannot continue from a cache; "
+                                 "decode them as a padded batch")
+
+        H, HV, K, V = self.num_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim
+        gate_dim = self.value_dim if self.use_output_gate else 0
+        qkv, z, b, a = self.in_proj(hidden_states).split(
+            [self.conv_dim, gate_dim, HV, HV], dim=-1)
+        if keep is not None:
+            qkv = qkv * keep[..., None].to(qkv.dtype)
+
+        # read the state before the conv update: HF marks the layer started on that update
+        initial_state = None
+        if layer_cache is not None:
+            initial_state = layer_cache.recurrent_state(self.layer_idx)
+            if initial_state is not None and initial_state.shape[0] != B:
+                raise ValueError(f"the cached state of layer {self.layer_idx} has batch size "
+                                 f"{initial_state.shape[0]}, the input {B}")
+        qkv = self._short_conv(qkv, layer_cache, cu_seqlens)
+        q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q = q.reshape(B, T, H, K)
+        k = k.reshape(B, T, H, K)
+        v = v.reshape(B, T, HV, V)
+        g = gdn_decay(self.A_log, a, self.dt_bias)
+        beta = gdn_beta(b, self.allow_neg_eigval)
+        if keep is not None:
+            k = k * keep[..., None, None].to(k.dtype)
+            v = v * keep[..., None, None].to(v.dtype)
+            g = g * keep[..., None]
+            beta = beta * keep[..., None]
+
+        o, final_state = self._mix(q.contiguous(), k.contiguous(), v.contiguous(), g, beta,
+                                   initial_state, layer_cache is not None, cu_seqlens)
+        if layer_cache is not None:
+            layer_cache.update_recurrent(self.layer_idx, final_state)
+        if keep is not None:
+            o = o * keep[..., None, None].to(o.dtype)
+        o = self.norm(o, z.reshape(B, T, HV, V) if self.use_output_gate else None)
+        return self.out_proj(o.reshape(B, T, self.value_dim))
+
+    @staticmethod
+    def _pick_cache(*candidates):
+        given = [c for c in candidates if c is not None]
+        if any(c is not given[0] for c in given[1:]):
+            raise ValueError("pass the cache once: past_key_values, cache_params and cache "
+                             "name different objects")
+        return given[0] if given else None
+
+    def _short_conv(self, qkv, layer_cache, cu_seqlens):
+        """``[B, T, C]`` → SiLU(causal conv) ``[B, T, C]``, continuing the cached context."""
+        if self.conv1d is None:
+            return F.silu(qkv)
+        T = qkv.shape[1]
+        x = qkv.transpose(1, 2)
+        if layer_cache is not None:
+            x = layer_cache.update_conv(self.layer_idx, x, self.conv_size)
+        return causal_short_conv(x, self.conv1d.weight, T, cu_seqlens).transpose(1, 2)
+
+    def _recurrent_backend(self):
+        """The recurrent op's backend matching the chunk op's: torch, auto, or Triton."""
+        return self.backend if self.backend in ("torch", "auto") else "triton"
+
+    def _mix(self, q, k, v, g, beta, initial_state, output_final_state, cu_seqlens):
+        """The GDN core: recurrent op for short continuations outside autograd, else chunk op."""
+        decode = (initial_state is not None and q.shape[1] <= RECURRENT_MAX_TOKENS
+                  and not torch.is_grad_enabled())
+        if decode:
+            return fused_recurrent_gated_delta_rule(
+                q, k, v, g, beta, initial_state=initial_state, output_final_state=True,
+                use_qk_l2norm_in_kernel=True, backend=self._recurrent_backend())
+        return chunk_gated_delta_rule(
+            q, k, v, g, beta, initial_state=initial_state,
+            output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+            use_qk_l2norm_in_kernel=True, chunk_size=self.chunk_size, backend=self.backend,
+            solve_method=self.solve_method, solve_iters=self.solve_iters)

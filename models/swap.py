@@ -1,0 +1,185 @@
+"""Put gdn_fused's GatedDeltaNet into loaded Qwen3-Next / Qwen3.5 Hugging Face models.
+
+Stock transformers runs these layers through a token-loop / chunked torch fallback when
+flash-linear-attention is not installed; after :func:`swap_gated_deltanet` every
+``linear_attn`` module is a :class:`gdn_fused.GatedDeltaNet` holding the same weights, called by
+Hugging Face's decoder layers with Hugging Face's own cache (``cache_params=`` in transformers
+5.17, ``cache=`` in newer 5.x), so ``model(...)`` and ``generate()`` run on gdn_fused's ops.
+
+Weight layouts (transformers ``modeling_qwen3_next.py`` / ``modeling_qwen3_5.py``):
+
+- Qwen3-Next ``in_proj_qkvz [H·(2K + 2G·V), d]`` is grouped per q/k head h: rows
+  ``q_h [K], k_h [K], v_h [G·V], z_h [G·V]``; ``in_proj_ba [H·2G, d]`` per h: ``b_h [G], a_h [G]``
+  (``fix_query_key_value_ordering``), G = HV // H. Value head ``h·G + i`` is block i of v_h.
+- Qwen3.5 ``in_proj_qkv [2HK + HV·V, d]`` = [q | k | v], ``in_proj_z``, ``in_proj_b``,
+  ``in_proj_a`` separately.
+
+Both become our fused ``in_proj`` (rows q, k, v, z, b, a; a new tensor). ``conv1d.weight``
+(channels [q | k | v] in both), ``A_log``, ``dt_bias``, ``norm.weight`` and ``out_proj.weight``
+are re-used as the same Parameter objects.
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+
+import torch
+from torch import nn
+
+from gdn_fused.layer import GatedDeltaNet
+
+logger = logging.getLogger("gdn_fused")
+
+# transformers class names of the layers we replace, by input-projection layout
+QWEN3_NEXT_CLASSES = ("Qwen3NextGatedDeltaNet",)
+QWEN3_5_CLASSES = ("Qwen3_5GatedDeltaNet", "Qwen3_5MoeGatedDeltaNet")
+
+
+def _qwen3_next_in_proj(module) -> torch.Tensor:
+    """De-interleave ``in_proj_qkvz`` / ``in_proj_ba`` into our row layout q, k, v, z, b, a."""
+    H, HV = module.num_k_heads, module.num_v_heads
+    K, V, G = module.head_k_dim, module.head_v_dim, HV // H
+    qkvz = module.in_proj_qkvz.weight
+    d = qkvz.shape[1]
+    q, k, v, z = qkvz.view(H, 2 * K + 2 * G * V, d).split([K, K, G * V, G * V], dim=1)
+    b, a = module.in_proj_ba.weight.view(H, 2 * G, d).split([G, G], dim=1)
+    return torch.cat([t.reshape(-1, d) for t in (q, k, v, z, b, a)], dim=0)
+
+
+def _qwen3_5_in_proj(module) -> torch.Tensor:
+    return torch.cat([module.in_proj_qkv.weight, module.in_proj_z.weight,
+                      module.in_proj_b.weight, module.in_proj_a.weight], dim=0)
+
+
+def gated_deltanet_from_hf(module: nn.Module, backend: str = "auto", chunk_size: int = 64,
+                           solve_method: str = "blocked",
+                           solve_iters: int | None = None) -> GatedDeltaNet:
+    """Our :class:`GatedDeltaNet` with the weights of one Hugging Face GatedDeltaNet module.
+
+    Args:
+        module: a transformers ``Qwen3NextGatedDeltaNet``, ``Qwen3_5GatedDeltaNet`` or
+            ``Qwen3_5MoeGatedDeltaNet`` with materialised (not offloaded) weights.
+        backend, chunk_size, solve_method, solve_iters: as in :class:`GatedDeltaNet`.
+
+    Returns:
+        A module on the same device, in the same dtype and train/eval mode, sharing the conv,
+        decay, norm and output weights with ``module`` (the fused input projection is a copy).
+
+    Raises:
+        TypeError for another class; ValueError for weights on the meta device (offloaded),
+        projection biases, or an activation other than SiLU.
+    """
+    name = type(module).__name__
+    if name in QWEN3_NEXT_CLASSES:
+        in_proj = _qwen3_next_in_proj
+        projections = (module.in_proj_qkvz, module.in_proj_ba)
+    elif name in QWEN3_5_CLASSES:
+        in_proj = _qwen3_5_in_proj
+        projections = (module.in_proj_qkv, module.in_proj_z, module.in_proj_b, module.in_proj_a)
+    else:
+        raise TypeError(f"module must be one of {QWEN3_NEXT_CLASSES + QWEN3_5_CLASSES}, "
+                        f"got {name}")
+    if any(p.is_meta for p in module.parameters()):
+        raise ValueError(f"{name} (layer {module.layer_idx}) has weights on the meta device "
+                         "(offloaded?); load the model onto real devices before swapping")
+    if any(lin.bias is not None for lin in projections + (module.out_proj,)) \
+            or module.conv1d.bias is not None:
+        raise ValueError(f"{name} (layer {module.layer_idx}) has projection or conv biases, "
+                         "which GatedDeltaNet does not model")
+    if module.activation not in ("silu", "swish"):
+        raise ValueError(f"{name} (layer {module.layer_idx}) uses activation "
+                         f"{module.activation!r}; GatedDeltaNet implements SiLU only")
+
+    with torch.device("meta"):  # no throw-away allocation and init of the new weights
+        ours = GatedDeltaNet(
+            module.hidden_size, module.num_k_heads, module.num_v_heads,
+            head_k_dim=module.head_k_dim, head_v_dim=module.head_v_dim,
+            conv_size=module.conv_kernel_size, norm_eps=module.layer_norm_epsilon,
+            layer_idx=module.layer_idx, backend=backend, chunk_size=chunk_size,
+            solve_method=solve_method, solve_iters=solve_iters)
+    ref = module.out_proj.weight
+    ours.in_proj.weight = nn.Parameter(in_proj(module).detach(),
+                                       requires_grad=ref.requires_grad)
+    ours.conv1d.weight = module.conv1d.weight
+    ours.A_log = module.A_log
+    ours.dt_bias = module.dt_bias
+    ours.norm.weight = module.norm.weight
+    ours.out_proj.weight = module.out_proj.weight
+    ours.train(module.training)
+    return ours
+
+
+def swap_gated_deltanet(model: nn.Module, backend: str = "auto", chunk_size: int = 64,
+                        solve_method: str = "blocked", solve_iters: int | None = None) -> int:
+    """Replace every Qwen3-Next / Qwen3.5 GatedDeltaNet module of ``model`` by ours, in place.
+
+    Args:
+        model: any ``nn.Module`` (``Qwen3NextForCausalLM``, ``Qwen3_5ForCausalLM``,
+            ``Qwen3_5ForConditionalGeneration``, …) loaded on real devices.
+        backend: chunk op backend for prefill, "auto" | "torch" | "materialized" | "fused".
+        chunk_size: 16, 32 or 64.
+        solve_method, solve_iters: kkt_solve inverse method and iterations for the chunk op.
+
+    Returns:
+        The number of modules replaced (0 when there are none, e.g. on a second call).
+
+    Raises:
+        ValueError from :func:`gated_deltanet_from_hf` (offloaded weights, biases, activation)
+        or from :class:`GatedDeltaNet` (bad backend, chunk_size, …), before anything is replaced.
+    """
+    targets = [(parent, child_name, child)
+               for parent in model.modules()
+               for child_name, child in parent.named_children()
+               if type(child).__name__ in QWEN3_NEXT_CLASSES + QWEN3_5_CLASSES]
+    replacements = [gated_deltanet_from_hf(child, backend, chunk_size, solve_method, solve_iters)
+                    for _, _, child in targets]
+    for (parent, child_name, _), ours in zip(targets, replacements):
+        setattr(parent, child_name, ours)
+    logger.debug("gdn_fused: swapped %d GatedDeltaNet modules (backend=%s, chunk_size=%d, "
+                 "solve_method=%s)", len(targets), backend, chunk_size, solve_method)
+    return len(targets)
+
+
+def load_swapped(path: str | os.PathLike, backend: str = "auto", dtype=torch.bfloat16,
+                 device=None, chunk_size: int = 64, solve_method: str = "blocked",
+                 solve_iters: int | None = None, **from_pretrained_kwargs) -> nn.Module:
+    """Load a local Qwen3-Next / Qwen3.5 checkpoint with ``AutoModelForCausalLM`` and swap.
+
+    Args:
+        path: a local checkpoint directory (config.json + safetensors); nothing is downloaded.
+        backend, chunk_size, solve_method, solve_iters: as in :func:`swap_gated_deltanet`.
+        dtype: parameter dtype, default bf16.
+        device: passed as ``device_map`` (e.g. "cuda", "cuda:1", "auto" to spread over GPUs,
+            "cpu"; without accelerate installed a single device is reached by loading on CPU
+            and moving); None loads on CPU.
+        **from_pretrained_kwargs: passed on to ``from_pretrained``.
+
+    Returns:
+        The model in eval mode with its GatedDeltaNet modules swapped.
+
+    Raises:
+        ValueError when ``path`` is not a directory or the model has no GatedDeltaNet module.
+    """
+    from transformers import AutoModelForCausalLM
+
+    if not os.path.isdir(path):
+        raise ValueError(f"path must be a local checkpoint directory, got {str(path)!r}")
+    move_to = None
+    if device is not None:
+        if importlib.util.find_spec("accelerate") is not None or device == "auto" \
+                or isinstance(device, dict):
+            from_pretrained_kwargs["device_map"] = device
+        else:
+            # device_map needs accelerate; one device can be reached by loading then moving
+            move_to = device
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True,
+                                                 **from_pretrained_kwargs)
+    if move_to is not None:
+        model.to(move_to)
+    swapped = swap_gated_deltanet(model, backend=backend, chunk_size=chunk_size,
+                                  solve_method=solve_method, solve_iters=solve_iters)
+    if swapped == 0:
+        raise ValueError(f"{str(path)!r} loads as {type(model).__name__}, which has no "
+                         "Qwen3-Next / Qwen3.5 GatedDeltaNet module to swap")
+    return model.eval()

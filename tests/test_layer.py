@@ -1,0 +1,373 @@
+"""GatedDeltaNet module: forward/backward vs an fp64 functional reference, decode continuity,
+left padding, packed sequences, decay finiteness, argument errors (CPU, backend "torch")."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import gdn_fused.layer as layer_module
+from gdn_fused.cache import GatedDeltaNetCache
+from gdn_fused.layer import LOG_DECAY_MIN, RECURRENT_MAX_TOKENS, GatedDeltaNet, gdn_decay
+from gdn_fused.reference import recurrent_gated_delta_rule_ref
+from gdn_fused.validation import triton_interpreted
+
+D_MODEL, H, HV, K, V, W = 32, 2, 4, 16, 8, 4
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny shapes gain nothing from intra-op threads, and on a shared CPU their spin-waits
+    cost 10-50x; restore the setting afterwards."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def make_layer(dtype=torch.float64, seed=0, **kw):
+    """A small layer with every parameter random (norm weights too) and moderate decays."""
+    torch.manual_seed(seed)
+    opts = dict(head_k_dim=K, head_v_dim=V, conv_size=W, layer_idx=0, backend="torch",
+                chunk_size=16)
+    opts.update(kw)
+    layer = GatedDeltaNet(D_MODEL, H, HV, **opts)
+    with torch.no_grad():
+        layer.norm.weight.normal_(1.0, 0.3)
+        layer.A_log.normal_(-1.0, 1.0)
+        layer.dt_bias.normal_(0.0, 1.0)
+        if layer.conv1d is not None:
+            layer.conv1d.weight.normal_(0.0, 0.5)
+    return layer.to(dtype)
+
+
+def reference_layer(layer, x, mask=None):
+    """The layer written out in fp64 from its parameters: explicit conv taps, explicit L2 norm,
+    gdn_fused.reference.recurrent_gated_delta_rule_ref as the core, gated RMSNorm by formula.
+    Padding (mask False) is handled by running each row's tokens alone."""
+    if mask is not None:
+        out = torch.zeros(x.shape[:2] + (layer.d_model,), dtype=torch.float64)
+        for b in range(x.shape[0]):
+            idx = mask[b].nonzero().squeeze(-1)
+            out[b, idx] = reference_layer(layer, x[b:b + 1, idx])[0]
+        return out
+    p = {n: t.double() for n, t in layer.named_parameters()}
+    x = x.double()
+    B, T, _ = x.shape
+    kd, vd = H * K, HV * V
+    gate = vd if layer.use_output_gate else 0
+    qkv, z, b, a = (x @ p["in_proj.weight"].T).split([2 * kd + vd, gate, HV, HV], -1)
+    if layer.conv1d is not None:
+        w = p["conv1d.weight"][:, 0]  # [C, W]
+        # y[t] = sum_j w[:, j] · x[t − (W − 1 − j)], zero before the sequence start
+        conv = torch.zeros_like(qkv)
+        for j in range(W):
+            lag = W - 1 - j
+            conv[:, lag:] = conv[:, lag:] + w[:, j] * qkv[:, :T - lag]
+        qkv = conv
+    qkv = qkv * torch.sigmoid(qkv)
+    q, k, v = qkv.split([kd, kd, vd], -1)
+    q = q.reshape(B, T, H, K)
+    k = k.reshape(B, T, H, K)
+    q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6)
+    k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    g = -torch.exp(p["A_log"]) * F.softplus(a + p["dt_bias"])
+    beta = torch.sigmoid(b) * (2.0 if layer.allow_neg_eigval else 1.0)
+    o, _ = recurrent_gated_delta_rule_ref(q, k, v.reshape(B, T, HV, V), g, beta)
+    o = o / torch.sqrt(o.pow(2).mean(-1, keepdim=True) + layer.norm.eps) * p["norm.weight"]
+    if layer.use_output_gate:
+        zz = z.reshape(B, T, HV, V)
+        o = o * zz * torch.sigmoid(zz)
+    return o.reshape(B, T, vd) @ p["out_proj.weight"].T
+
+
+def rel_err(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+VARIANTS = [
+    {},
+    {"allow_neg_eigval": True},
+    {"use_output_gate": False},
+    {"use_short_conv": False},
+]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: ",".join(v) or "default")
+def test_forward_backward_match_fp64_reference(variant):
+    layer = make_layer(**variant)
+    x = torch.randn(2, 37, D_MODEL, dtype=torch.float64, requires_grad=True)
+    y = layer(x)
+    x_ref = x.detach().clone().requires_grad_(True)
+    y_ref = reference_layer(layer, x_ref)
+    err = (y - y_ref).abs().max().item()
+    print(f"fp64 module vs fp64 reference: max abs diff {err:.2e}")
+    assert err < 1e-10
+    dy = torch.randn_like(y)
+    grads = torch.autograd.grad((y * dy).sum(), [x] + list(layer.parameters()))
+    grads_ref = torch.autograd.grad((y_ref * dy).sum(), [x_ref] + list(layer.parameters()))
+    names = ["x"] + [n for n, _ in layer.named_parameters()]
+    for name, gr, gr_ref in zip(names, grads, grads_ref):
+        assert rel_err(gr, gr_ref) < 1e-9, name
+
+
+def test_fp32_and_bf16_forward_backward_within_budget():
+    layer64 = make_layer()
+    x = torch.randn(2, 45, D_MODEL, dtype=torch.float64)
+    y_ref = reference_layer(layer64, x)
+    for dtype, budget in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
+        layer = make_layer(dtype)
+        xd = x.to(dtype).requires_grad_(True)
+        y = layer(xd)
+        assert y.dtype == dtype
+        err = rel_err(y, y_ref)
+        print(f"{dtype} module vs fp64 reference: relative error {err:.2e}")
+        assert err < budget
+        y.float().square().sum().backward()
+        assert all(torch.isfinite(p.grad).all() for p in layer.parameters())
+    # fp32 gradients against the fp64 ones
+    layer32 = make_layer(torch.float32)
+    x32 = x.float().requires_grad_(True)
+    layer32(x32).double().square().sum().backward()
+    x64 = x.clone().requires_grad_(True)
+    layer64(x64).square().sum().backward()
+    assert rel_err(x32.grad, x64.grad) < 1e-4
+    for (name, p32), p64 in zip(layer32.named_parameters(), layer64.parameters()):
+        assert rel_err(p32.grad, p64.grad) < 1e-4, name
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-11), (torch.float32, 2e-5)])
+def test_prefill_equals_prefill_plus_decode(dtype, tol, monkeypatch):
+    """Prefill of T tokens == prefill of T−k, then single-token steps (recurrent op) and
+    multi-token continuations (recurrent op for ≤ RECURRENT_MAX_TOKENS, chunk op beyond)."""
+    calls = []
+
+    def counting(name):
+        op = getattr(layer_module, name)
+
+        def counted(*args, **kwargs):
+            calls.append((name, args[0].shape[1]))
+            return op(*args, **kwargs)
+        return counted
+
+    for name in ("chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"):
+        monkeypatch.setattr(layer_module, name, counting(name))
+    layer = make_layer(dtype)
+    T = 70
+    x = torch.randn(2, T, D_MODEL, dtype=dtype)
+    pieces = [40, 1, 1, 1, 3, RECURRENT_MAX_TOKENS + 4, 1, T - 40 - 3 - 3 - RECURRENT_MAX_TOKENS - 5]
+    assert sum(pieces) == T and pieces[-1] > 0
+    with torch.no_grad():
+        full_cache = GatedDeltaNetCache()
+        y_full = layer(x, past_key_values=full_cache, use_cache=True)
+        cache = GatedDeltaNetCache()
+        outs, start = [], 0
+        for n in pieces:
+            outs.append(layer(x[:, start:start + n], past_key_values=cache, use_cache=True))
+            start += n
+    y_steps = torch.cat(outs, 1)
+    recurrent = "fused_recurrent_gated_delta_rule"
+    assert calls[1:] == [("chunk_gated_delta_rule", 40)] + [
+        (recurrent if n <= RECURRENT_MAX_TOKENS else "chunk_gated_delta_rule", n)
+        for n in pieces[1:]]
+    err = (y_steps - y_full).abs().max().item()
+    state_err = (cache.recurrent_states[0] - full_cache.recurrent_states[0]).abs().max().item()
+    print(f"{dtype}: prefill vs prefill+decode: output {err:.2e}, state {state_err:.2e}")
+    assert err < tol * y_full.abs().max().item()
+    assert state_err < tol * full_cache.recurrent_states[0].abs().max().item()
+    assert cache.recurrent_states[0].dtype == (torch.float64 if dtype == torch.float64
+                                               else torch.float32)
+    # pre-conv inputs: equal up to GEMM blocking of a 70-row vs a 1-row projection
+    assert torch.allclose(cache.conv_states[0], full_cache.conv_states[0], rtol=tol, atol=tol)
+    assert cache.conv_states[0].shape == (2, 2 * H * K + HV * V, W)
+    # and the cached run agrees with a cache-free run
+    with torch.no_grad():
+        assert (layer(x) - y_full).abs().max().item() < tol * y_full.abs().max().item()
+
+
+def test_decode_with_gradients_uses_chunk_op_and_matches():
+    """A continuation that needs gradients runs the chunk op from the cached state."""
+    layer = make_layer()
+    x = torch.randn(1, 30, D_MODEL, dtype=torch.float64)
+    cache = GatedDeltaNetCache()
+    y1 = layer(x[:, :27], past_key_values=cache)
+    y2 = layer(x[:, 27:], past_key_values=cache)
+    y = torch.cat([y1, y2], 1)
+    assert (y - reference_layer(layer, x)).abs().max().item() < 1e-10
+    y2.sum().backward()
+    assert layer.A_log.grad is not None and torch.isfinite(layer.A_log.grad).all()
+
+
+def test_left_padding_does_not_leak():
+    """Two left-padded prompts (random junk in the padding) == the prompts run alone, in the
+    output, in the cached states, and in the decode steps that follow."""
+    layer = make_layer()
+    lens, T = (23, 9), 23
+    x = torch.randn(2, T, D_MODEL, dtype=torch.float64) * 5
+    mask = torch.zeros(2, T, dtype=torch.long)
+    for b, n in enumerate(lens):
+        mask[b, T - n:] = 1
+    steps = torch.randn(2, 3, D_MODEL, dtype=torch.float64)
+    with torch.no_grad():
+        cache = GatedDeltaNetCache()
+        y = layer(x, attention_mask=mask, past_key_values=cache)
+        state = cache.recurrent_states[0].clone()
+        conv_state = cache.conv_states[0].clone()
+        y_dec = [layer(steps[:, i:i + 1], past_key_values=cache) for i in range(3)]
+        for b, n in enumerate(lens):
+            alone_cache = GatedDeltaNetCache()
+            y_alone = layer(x[b:b + 1, T - n:], past_key_values=alone_cache)
+            assert (y[b, T - n:] - y_alone[0]).abs().max().item() < 1e-11
+            assert (y[b, :T - n] == 0).all()
+            assert (state[b] - alone_cache.recurrent_states[0][0]).abs().max() < 1e-11
+            assert torch.allclose(conv_state[b], alone_cache.conv_states[0][0], rtol=1e-13,
+                                  atol=1e-13)
+            for i in range(3):
+                y_alone_dec = layer(steps[b:b + 1, i:i + 1], past_key_values=alone_cache)
+                assert (y_dec[i][b] - y_alone_dec[0]).abs().max().item() < 1e-11
+    # an all-ones mask and a longer mask (HF passes the trailing columns) change nothing
+    y_ref = reference_layer(layer, x, mask.bool())
+    assert (y - y_ref).abs().max().item() < 1e-10
+    wide = torch.cat([torch.zeros(2, 5, dtype=torch.long), mask], 1)
+    assert torch.equal(layer(x, attention_mask=wide), layer(x, attention_mask=mask))
+    assert torch.equal(layer(x, attention_mask=torch.ones(2, T, dtype=torch.bool)), layer(x))
+
+
+def test_packed_sequences_match_separate_runs():
+    layer = make_layer()
+    cu = torch.tensor([0, 7, 7, 29, 40], dtype=torch.int32)
+    x = torch.randn(1, 40, D_MODEL, dtype=torch.float64)
+    y = layer(x, cu_seqlens=cu)
+    y_hf = layer(x, cu_seq_lens_q=cu.long())  # Hugging Face's keyword
+    assert torch.equal(y, y_hf)
+    for s, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        if e > s:
+            assert (y[:, s:e] - layer(x[:, s:e])).abs().max().item() < 1e-11
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        layer(x, cu_seqlens=cu, past_key_values=GatedDeltaNetCache())
+
+
+EXTREMES = [-3e38, -1e4, -150.0, -20.0, 0.0, 20.0, 89.0, 1e4, 3e38]
+
+
+def test_decay_finite_for_extreme_inputs():
+    A_log = torch.tensor(EXTREMES, requires_grad=True)
+    dt_bias = torch.tensor(EXTREMES, requires_grad=True)
+    a = torch.tensor(EXTREMES)[:, None, None].expand(len(EXTREMES), 4, len(EXTREMES)).clone()
+    a = a.reshape(-1, len(EXTREMES)).requires_grad_(True)
+    # every combination of A_log (last dim, broadcast), a and dt_bias
+    g = torch.stack([gdn_decay(A_log, a, dt_bias.roll(s)) for s in range(len(EXTREMES))])
+    assert torch.isfinite(g).all()
+    assert (g <= 0).all() and (g >= LOG_DECAY_MIN).all()
+    g.sum().backward()
+    for t in (A_log, dt_bias, a):
+        assert torch.isfinite(t.grad).all()
+    # in fp16 / bf16 inputs as well (computed in fp32)
+    for dtype in (torch.float16, torch.bfloat16):
+        big = torch.finfo(dtype).max
+        vals = torch.tensor([-big, -1e3, 0.0, 1e3, big], dtype=dtype)
+        gg = gdn_decay(vals[:, None], vals[None, :], vals[:, None])
+        assert gg.dtype == torch.float32 and torch.isfinite(gg).all()
+
+
+def test_decay_matches_plain_formula_in_normal_range():
+    A_log = torch.randn(8) * 2
+    dt_bias = torch.randn(8)
+    a = torch.randn(5, 8) * 4
+    plain = -A_log.exp() * F.softplus(a + dt_bias)
+    # bitwise equal to Hugging Face's formula; only decays past LOG_DECAY_MIN are clamped
+    assert torch.equal(gdn_decay(A_log, a, dt_bias), plain.clamp(min=LOG_DECAY_MIN))
+    assert (plain > LOG_DECAY_MIN).float().mean() > 0.9
+
+
+def test_module_finite_with_extreme_decay_parameters():
+    layer = make_layer(torch.float32)
+    with torch.no_grad():
+        layer.A_log.copy_(torch.tensor([1e4, -1e4, 3e38, 0.0]))
+        layer.dt_bias.copy_(torch.tensor([3e38, -3e38, -3e38, 3e38]))
+    x = torch.randn(2, 20, D_MODEL, requires_grad=True)
+    y = layer(x)
+    assert torch.isfinite(y).all()
+    y.sum().backward()
+    assert torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    ({"d_model": 0}, "d_model"),
+    ({"num_heads": 3, "num_v_heads": 4}, "num_v_heads"),
+    ({"num_v_heads": 0}, "num_v_heads"),
+    ({"head_k_dim": 512}, "head_k_dim"),
+    ({"head_v_dim": 1.5}, "head_v_dim"),
+    ({"conv_size": 0}, "conv_size"),
+    ({"use_short_conv": 1}, "use_short_conv"),
+    ({"norm_eps": 0.0}, "norm_eps"),
+    ({"layer_idx": -1}, "layer_idx"),
+    ({"backend": "cuda"}, "backend"),
+    ({"chunk_size": 48}, "chunk_size"),
+    ({"solve_method": None}, "solve_method"),
+    ({"solve_iters": 0}, "solve_iters"),
+])
+def test_constructor_rejects_bad_arguments(kwargs, name):
+    args = {"d_model": 32, "num_heads": 2}
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=name):
+        GatedDeltaNet(**args)
+
+
+def test_forward_rejects_bad_inputs():
+    layer = make_layer()
+    x = torch.randn(2, 5, D_MODEL, dtype=torch.float64)
+    with pytest.raises(ValueError, match="use_cache"):
+        layer(x, use_cache=True)
+    with pytest.raises(ValueError, match="hidden_states"):
+        layer(x[..., :-1])
+    with pytest.raises(ValueError, match="attention_mask"):
+        layer(x, attention_mask=torch.ones(2, 4))
+    with pytest.raises(ValueError, match="attention_mask"):
+        layer(x, attention_mask=torch.ones(2, 1, 5, 5))
+    with pytest.raises(TypeError, match="attention_mask"):
+        layer(x, attention_mask=[[1] * 5] * 2)
+    with pytest.raises(TypeError, match="hidden_states"):
+        layer(x.tolist())
+    with pytest.raises(TypeError, match="past_key_values"):
+        layer(x, past_key_values=object())
+    with pytest.raises(ValueError, match="layer_idx"):
+        make_layer(layer_idx=None)(x, past_key_values=GatedDeltaNetCache())
+    cache = GatedDeltaNetCache()
+    layer(x, past_key_values=cache)
+    with pytest.raises(ValueError, match="batch size"):
+        layer(x[:1], past_key_values=cache)
+    with pytest.raises(ValueError, match="once"):
+        layer(x, past_key_values=cache, cache=GatedDeltaNetCache())
+
+
+def test_standalone_init_is_sane():
+    """A freshly constructed layer: decays in the Mamba-2 range, finite output of unit scale."""
+    torch.manual_seed(0)
+    layer = GatedDeltaNet(64, 2, 4, head_k_dim=16, head_v_dim=16, backend="torch")
+    A = layer.A_log.exp()
+    dt = F.softplus(layer.dt_bias)
+    assert (A >= 1 - 1e-5).all() and (A <= 16 + 1e-4).all()
+    assert (dt >= 1e-3 * (1 - 1e-4)).all() and (dt <= 0.1 * (1 + 1e-4)).all()
+    y = layer(torch.randn(2, 50, 64))
+    assert torch.isfinite(y).all() and 1e-3 < y.std().item() < 10
+    assert math.isclose(layer.norm.eps, 1e-6)
+
+
+@pytest.mark.parametrize("backend", ["materialized", "fused"])
+def test_triton_backends_match_torch_backend(backend):
+    """Prefill, a decode step (Triton recurrent kernel) and a continuation through the Triton
+    chunk path equal the torch backend (on CPU the kernels run under TRITON_INTERPRET=1, which
+    tests/conftest.py sets)."""
+    if not torch.cuda.is_available() and not triton_interpreted():
+        pytest.skip("needs CUDA or TRITON_INTERPRET=1")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    ref = make_layer(torch.float32, backend="torch").to(device)
+    tri = make_layer(torch.float32, backend=backend).to(device)
+    x = torch.randn(2, 38, D_MODEL, device=device)
+    caches = GatedDeltaNetCache(), GatedDeltaNetCache()
+    with torch.no_grad():
+        for s, e in ((0, 20), (20, 21), (21, 38)):
+            a, b = (layer(x[:, s:e], past_key_values=c) for layer, c in zip((ref, tri), caches))
+            assert (a - b).abs().max().item() < 1e-5 * a.abs().max().item(), (s, e)
+    assert (caches[0].recurrent_states[0] - caches[1].recurrent_states[0]).abs().max() < 1e-5

@@ -1,0 +1,213 @@
+"""Qwen3-Next / Qwen3.5 layer swap: tiny random configs of the real transformers classes, fp32,
+CPU, offline. The unswapped model (transformers' torch fallback) is the reference."""
+import copy
+
+import pytest
+import torch
+from transformers import (Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig,
+                          Qwen3_5TextConfig, Qwen3NextConfig, Qwen3NextForCausalLM)
+
+from gdn_fused.layer import GatedDeltaNet
+from gdn_fused.models import load_swapped, swap_gated_deltanet
+from tests.test_layer import _one_thread  # noqa: F401  (autouse fixture: one intra-op thread)
+
+VOCAB = 128
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+              linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+              linear_value_head_dim=8, linear_conv_kernel_dim=4, max_position_embeddings=512,
+              pad_token_id=0, bos_token_id=1, eos_token_id=2)
+MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+           shared_expert_intermediate_size=32)
+FAMILIES = {
+    # 3 linear-attention layers then one full-attention layer in each
+    "qwen3_next": (Qwen3NextForCausalLM, lambda: Qwen3NextConfig(**COMMON, **MOE)),
+    "qwen3_5": (Qwen3_5ForCausalLM, lambda: Qwen3_5TextConfig(**COMMON)),
+    "qwen3_5_moe": (Qwen3_5MoeForCausalLM, lambda: Qwen3_5MoeTextConfig(**COMMON, **MOE)),
+}
+LOGIT_ATOL = 1e-3  # fp32; measured max abs diff ≈ 2e-5 … 3e-4 for logits of magnitude ~5
+
+
+def tiny_model(family, seed=0):
+    """A real HF model with every weight random at unit-ish scale, so logits spread over O(1)
+    and greedy decoding is not a tie-break; decays random in a moderate range."""
+    cls, config = FAMILIES[family]
+    torch.manual_seed(seed)
+    model = cls(config()).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("A_log"):
+                p.normal_(-1.0, 1.0)
+            elif name.endswith("dt_bias"):
+                p.normal_(0.0, 1.0)
+            elif p.dim() >= 2:
+                p.normal_(0.0, p.shape[-1] ** -0.5)
+            else:
+                p.normal_(0.0, 0.3)
+    return model
+
+
+def swapped_copy(model, **kwargs):
+    ours = copy.deepcopy(model)
+    assert swap_gated_deltanet(ours, backend="torch", chunk_size=16, **kwargs) == 3
+    return ours
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def pair(request):
+    hf = tiny_model(request.param)
+    return request.param, hf, swapped_copy(hf)
+
+
+def test_swap_replaces_every_layer_and_shares_weights(pair):
+    _, hf, ours = pair
+    for hf_layer, layer in zip(hf.model.layers, ours.model.layers):
+        if not hasattr(hf_layer, "linear_attn"):
+            continue
+        mine, theirs = layer.linear_attn, hf_layer.linear_attn
+        assert isinstance(mine, GatedDeltaNet) and mine.layer_idx == theirs.layer_idx
+        for name in ("conv1d.weight", "A_log", "dt_bias", "norm.weight", "out_proj.weight"):
+            assert torch.equal(mine.get_parameter(name), theirs.get_parameter(name)), name
+    n_hf = sum(p.numel() for p in hf.parameters())
+    assert sum(p.numel() for p in ours.parameters()) == n_hf
+    assert swap_gated_deltanet(ours) == 0  # nothing left to swap
+
+
+def test_swap_reuses_parameter_objects():
+    hf = tiny_model("qwen3_5")
+    conv = hf.model.layers[0].linear_attn.conv1d.weight
+    swap_gated_deltanet(hf, backend="torch")
+    assert hf.model.layers[0].linear_attn.conv1d.weight is conv
+
+
+def test_in_proj_layout_matches_hf_split(pair):
+    """Our fused in_proj rows give exactly HF's q, k, v, z, b, a (Qwen3-Next: after
+    fix_query_key_value_ordering's de-interleave)."""
+    family, hf, ours = pair
+    theirs, mine = hf.model.layers[0].linear_attn, ours.model.layers[0].linear_attn
+    x = torch.randn(2, 5, 64)
+    with torch.no_grad():
+        if family == "qwen3_next":  # interleaved per q/k head
+            q, k, v, z, b, a = theirs.fix_query_key_value_ordering(theirs.in_proj_qkvz(x),
+                                                                   theirs.in_proj_ba(x))
+        else:
+            q, k, v = theirs.in_proj_qkv(x).split([theirs.key_dim, theirs.key_dim,
+                                                   theirs.value_dim], -1)
+            z, b, a = theirs.in_proj_z(x), theirs.in_proj_b(x), theirs.in_proj_a(x)
+        expected = torch.cat([t.reshape(2, 5, -1) for t in (q, k, v, z, b, a)], -1)
+        assert torch.allclose(mine.in_proj(x), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_logits_match_hf_fallback(pair):
+    family, hf, ours = pair
+    torch.manual_seed(1)
+    ids = torch.randint(3, VOCAB, (2, 150))  # > 2 chunks of 64 in HF's fallback, 10 of ours
+    with torch.no_grad():
+        ref, got = hf(ids).logits, ours(ids).logits
+    diff = (got - ref).abs().max().item()
+    top1 = (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
+    print(f"{family} fp32 logits: max abs diff {diff:.2e} (max |logit| "
+          f"{ref.abs().max().item():.2f}), top-1 agreement {top1:.2%}")
+    assert diff < LOGIT_ATOL
+    assert top1 == 1.0
+
+
+def test_greedy_generate_identical(pair):
+    _, hf, ours = pair
+    torch.manual_seed(2)
+    ids = torch.randint(3, VOCAB, (2, 12))
+    kw = dict(max_new_tokens=20, do_sample=False, min_new_tokens=20)
+    ref = hf.generate(ids, **kw)
+    got = ours.generate(ids, **kw)
+    assert ref.shape == (2, 32)
+    assert torch.equal(got, ref)
+    assert len(set(ref[0, 12:].tolist())) > 3  # a real continuation, not one repeated token
+
+
+def test_beam_search_identical(pair):
+    """Beam search reorders HF's cache (conv and recurrent states) between steps."""
+    _, hf, ours = pair
+    torch.manual_seed(5)
+    ids = torch.randint(3, VOCAB, (2, 10))
+    kw = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False, num_beams=3)
+    assert torch.equal(ours.generate(ids, **kw), hf.generate(ids, **kw))
+
+
+def test_prefill_then_decode_with_hf_cache(pair):
+    """Our layers in HF's own cache: prefill T−k tokens, then k single-token steps and one
+    multi-token continuation; logits equal a one-shot forward of all T tokens."""
+    family, hf, ours = pair
+    torch.manual_seed(3)
+    ids = torch.randint(3, VOCAB, (2, 60))
+    with torch.no_grad():
+        full = ours(ids).logits
+        out = ours(ids[:, :40], use_cache=True)
+        cache = out.past_key_values
+        logits = [out.logits]
+        for t in range(40, 45):
+            out = ours(ids[:, t:t + 1], past_key_values=cache, use_cache=True)
+            logits.append(out.logits)
+        out = ours(ids[:, 45:], past_key_values=cache, use_cache=True)  # 15 tokens at once
+        logits.append(out.logits)
+        steps = torch.cat(logits, 1)
+        # the state lives in HF's cache, fp32 [B, HV, K, V]
+        layer = cache.layers[0]
+        state = layer.recurrent_states[0]
+        assert state.dtype == torch.float32 and state.shape == (2, 4, 16, 8)
+        assert layer.conv_states[0].shape == (2, 2 * 2 * 16 + 4 * 8, 4)
+        # HF's unswapped layers continue from a cache our layers filled: same layout
+        our_cache = ours(ids[:, :40], use_cache=True).past_key_values
+        ref_next = hf(ids[:, 40:41], past_key_values=our_cache, use_cache=True).logits
+    diff = (steps - full).abs().max().item()
+    print(f"{family}: one-shot vs prefill+decode logits: max abs diff {diff:.2e}")
+    assert diff < LOGIT_ATOL
+    assert (logits[1] - ref_next).abs().max().item() < LOGIT_ATOL
+
+
+def test_left_padded_batch_equals_prompts_alone(pair):
+    _, hf, ours = pair
+    torch.manual_seed(4)
+    lens = (21, 13)
+    prompts = [torch.randint(3, VOCAB, (1, n)) for n in lens]
+    T = max(lens)
+    ids = torch.zeros(2, T, dtype=torch.long)
+    mask = torch.zeros(2, T, dtype=torch.long)
+    for b, p in enumerate(prompts):
+        ids[b, T - p.shape[1]:] = p[0]
+        mask[b, T - p.shape[1]:] = 1
+    kw = dict(max_new_tokens=20, min_new_tokens=20, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        batch = ours(ids, attention_mask=mask).logits
+        hf_batch = hf(ids, attention_mask=mask).logits
+        for b, p in enumerate(prompts):
+            alone = ours(p).logits[0]
+            n = p.shape[1]
+            assert (batch[b, T - n:] - alone).abs().max().item() < LOGIT_ATOL
+            assert (batch[b, T - n:] - hf_batch[b, T - n:]).abs().max().item() < LOGIT_ATOL
+    gen = ours.generate(ids, attention_mask=mask, **kw)
+    assert torch.equal(gen, hf.generate(ids, attention_mask=mask, **kw))
+    for b, p in enumerate(prompts):
+        assert torch.equal(gen[b, T:], ours.generate(p, **kw)[0, p.shape[1]:])
+
+
+def test_load_swapped_from_local_checkpoint(tmp_path):
+    hf = tiny_model("qwen3_next")
+    hf.save_pretrained(tmp_path)
+    model = load_swapped(tmp_path, backend="torch", dtype=torch.float32, device="cpu",
+                         chunk_size=32)
+    layer = model.model.layers[0].linear_attn
+    assert isinstance(layer, GatedDeltaNet) and layer.chunk_size == 32 and not model.training
+    ids = torch.randint(3, VOCAB, (1, 40))
+    with torch.no_grad():
+        assert (model(ids).logits - hf(ids).logits).abs().max().item() < LOGIT_ATOL
+    with pytest.raises(ValueError, match="directory"):
+        load_swapped(tmp_path / "missing")
+
+
+def test_swap_rejects_bad_arguments_before_replacing():
+    hf = tiny_model("qwen3_5")
+    with pytest.raises(ValueError, match="chunk_size"):
+        swap_gated_deltanet(hf, chunk_size=48)
+    with pytest.raises(ValueError, match="backend"):
+        swap_gated_deltanet(hf, backend="fla")
+    assert not any(isinstance(m, GatedDeltaNet) for m in hf.modules())
