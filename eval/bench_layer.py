@@ -9,14 +9,17 @@ Qwen3-Next-80B-A3B's shapes (hidden 2048, 16 q/k heads, 32 value heads, head dim
 vocabulary 151936) followed by one of its gated full-attention layers (16 heads, 2 KV heads, head
 dim 256: the 80B's repeating block is 3 + 1, and transformers' cache needs an attention layer to
 count positions), a dense MLP (intermediate 5120) in place of the MoE block (not what is timed,
-and the same in both paths), and random weights at trained-model scale (:func:`randomize_stack`). Both paths run the same weights: the fallback first, then the same
-model after :func:`gdn_fused.models.swap_gated_deltanet`.
+and the same in both paths), and random weights at trained-model scale (:func:`randomize_stack`).
+Both paths run the same weights: the fallback first, then the same model after
+:func:`gdn_fused.models.swap_gated_deltanet`.
 
 Timing (CUDA-synchronised wall clock, median over ``--reps`` after one warm-up):
 
 - prefill: one forward of B=1 × ``--prefill`` tokens with a fresh cache, ``logits_to_keep=1``;
 - decode: per-token time of ``--decode-steps`` single-token forwards of fixed random tokens
   continuing from that prefill's cache (HF's ``DynamicCache``, as ``generate()`` uses it).
+
+- one GDN layer: the first Gated DeltaNet layer alone on a random ``[1, --prefill, 2048]`` input.
 
 Prints a table (ms, tokens/s, speed-up) and the relative logit difference of the two paths on the
 last prefill position and the last decode step, as a sanity check of what was timed.
@@ -108,17 +111,18 @@ def _timed(device, fn, *args, **kwargs):
 
 
 @torch.no_grad()
-def measure(model, ids, decode_ids, reps: int, device):
-    """Time a prefill of ``ids [1, T]`` and single-token steps over ``decode_ids [1, S]``.
+def measure(model, ids, decode_ids, reps: int, device) -> dict:
+    """Time a prefill of ``ids [1, T]``, single-token steps over ``decode_ids [1, S]``, and the
+    first Gated DeltaNet layer alone on a ``[1, T, hidden]`` input (no cache).
 
-    Returns (prefill seconds, decode seconds per token, last prefill logits, last decode
-    logits); the decode tokens are fixed (not sampled) so both paths see the same inputs."""
+    Returns seconds ("prefill", "decode" per token, "layer") and the last prefill and decode
+    logits ("prefill_logits", "decode_logits"); the decode tokens are fixed (not sampled) so
+    both paths see the same inputs."""
     def prefill():
         return model(ids, use_cache=True, logits_to_keep=1)
 
     prefill()  # warm-up: kernel compilation, allocator
     runs = [_timed(device, prefill) for _ in range(reps)]
-    t_prefill = statistics.median(t for t, _ in runs)
     step_times = []
     for _ in range(reps):
         cache = prefill().past_key_values
@@ -126,7 +130,15 @@ def measure(model, ids, decode_ids, reps: int, device):
             dt, out = _timed(device, model, decode_ids[:, s:s + 1], past_key_values=cache,
                              use_cache=True)
             step_times.append(dt)
-    return t_prefill, statistics.median(step_times), runs[-1][1].logits[:, -1], out.logits[:, -1]
+    layer = model.model.layers[0].linear_attn
+    x = torch.randn(1, ids.shape[1], model.config.hidden_size, device=device,
+                    dtype=model.dtype)
+    layer(x)
+    layer_times = [_timed(device, layer, x)[0] for _ in range(reps)]
+    return {"prefill": statistics.median(t for t, _ in runs),
+            "decode": statistics.median(step_times),
+            "layer": statistics.median(layer_times),
+            "prefill_logits": runs[-1][1].logits[:, -1], "decode_logits": out.logits[:, -1]}
 
 
 def _rel(a, b):
@@ -164,16 +176,18 @@ def main(argv=None):
     print(f"\n{args.layers} Gated DeltaNet layers + 1 attention layer of Qwen3-Next-80B-A3B "
           f"shape, {args.dtype}, "
           f"{name}; prefill B=1 T={args.prefill}, decode {args.decode_steps} steps after it\n")
-    print("| path | prefill ms | prefill tok/s | decode ms/token | decode tok/s |")
-    print("|---|---:|---:|---:|---:|")
-    for path, (tp, td, _, _) in results.items():
-        print(f"| {path} | {tp * 1e3:.2f} | {args.prefill / tp:,.0f} | {td * 1e3:.3f} | "
-              f"{1 / td:,.0f} |")
-    (hp, hd, hf_pre, hf_dec), (op, od, our_pre, our_dec) = results.values()
-    print(f"| speed-up | {hp / op:.2f}x | | {hd / od:.2f}x | |")
-    print(f"\nrelative logit difference ours vs fallback: last prefill position "
-          f"{_rel(our_pre, hf_pre):.2e}, last decode step {_rel(our_dec, hf_dec):.2e}")
-
+    print("| path | prefill ms | prefill tok/s | decode ms/token | decode tok/s | "
+          "one GDN layer, prefill ms |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for path, r in results.items():
+        print(f"| {path} | {r['prefill'] * 1e3:.2f} | {args.prefill / r['prefill']:,.0f} | "
+              f"{r['decode'] * 1e3:.3f} | {1 / r['decode']:,.0f} | {r['layer'] * 1e3:.2f} |")
+    hf, ours = results.values()
+    print(f"| speed-up | {hf['prefill'] / ours['prefill']:.2f}x | | "
+          f"{hf['decode'] / ours['decode']:.2f}x | | {hf['layer'] / ours['layer']:.2f}x |")
+    print("\nrelative logit difference ours vs fallback: last prefill position "
+          f"{_rel(ours['prefill_logits'], hf['prefill_logits']):.2e}, last decode step "
+          f"{_rel(ours['decode_logits'], hf['decode_logits']):.2e}")
 
 if __name__ == "__main__":
     main()

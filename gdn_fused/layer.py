@@ -26,7 +26,7 @@ from torch import nn
 
 from gdn_fused.cache import as_layer_cache
 from gdn_fused.ops import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
-from gdn_fused.validation import BACKENDS, CHUNK_SIZES, MAX_HEAD_DIM
+from gdn_fused.validation import BACKENDS, CHUNK_SIZES, MAX_HEAD_DIM, check_solve_method
 
 # exp(88.7) overflows fp32: clamping A_log below it keeps A = exp(A_log) finite, so
 # A · softplus(·) can never be inf · 0.
@@ -109,7 +109,8 @@ class GatedRMSNorm(nn.Module):
         """x ``[..., D]``, gate ``[..., D]`` or None; returns ``[..., D]`` in x's dtype."""
         cd = _compute_dtype(x.dtype)
         xf = x.to(cd)
-        y = self.weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        y = self.weight * normed.to(x.dtype)
         if gate is not None:
             y = y * F.silu(gate.to(cd))
         return y.to(x.dtype)
@@ -224,10 +225,9 @@ class GatedDeltaNet(nn.Module):
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if chunk_size not in CHUNK_SIZES:
             raise ValueError(f"chunk_size must be one of {CHUNK_SIZES}, got {chunk_size!r}")
-        if not isinstance(solve_method, str):
-            raise ValueError(f"solve_method must be a str, got {solve_method!r}")
-        if solve_iters is not None:
-            _check_int("solve_iters", solve_iters, 1)
+        # "auto" may resolve to torch, which implements every method; a method the Triton
+        # backends lack is then refused by the op when it runs on CUDA
+        check_solve_method("torch" if backend == "auto" else backend, solve_method, solve_iters)
 
         self.d_model, self.num_heads, self.num_v_heads = d_model, num_heads, num_v_heads
         self.head_k_dim, self.head_v_dim = head_k_dim, head_v_dim

@@ -9,8 +9,9 @@ Hugging Face's decoder layers with Hugging Face's own cache (``cache_params=`` i
 Weight layouts (transformers ``modeling_qwen3_next.py`` / ``modeling_qwen3_5.py``):
 
 - Qwen3-Next ``in_proj_qkvz [H·(2K + 2G·V), d]`` is grouped per q/k head h: rows
-  ``q_h [K], k_h [K], v_h [G·V], z_h [G·V]``; ``in_proj_ba [H·2G, d]`` per h: ``b_h [G], a_h [G]``
-  (``fix_query_key_value_ordering``), G = HV // H. Value head ``h·G + i`` is block i of v_h.
+  ``q_h [K], k_h [K], v_h [G·V], z_h [G·V]``; ``in_proj_ba [H·2G, d]`` per h:
+  ``b_h [G], a_h [G]`` (``fix_query_key_value_ordering``), G = HV // H. Value head ``h·G + i``
+  is block i of v_h.
 - Qwen3.5 ``in_proj_qkv [2HK + HV·V, d]`` = [q | k | v], ``in_proj_z``, ``in_proj_b``,
   ``in_proj_a`` separately.
 

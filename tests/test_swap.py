@@ -211,3 +211,27 @@ def test_swap_rejects_bad_arguments_before_replacing():
     with pytest.raises(ValueError, match="backend"):
         swap_gated_deltanet(hf, backend="fla")
     assert not any(isinstance(m, GatedDeltaNet) for m in hf.modules())
+
+
+def test_swap_passes_solver_options_to_the_chunk_op(monkeypatch):
+    import gdn_fused.layer as layer_module
+
+    seen = []
+    op = layer_module.chunk_gated_delta_rule
+
+    def spy(*args, **kwargs):
+        seen.append({k: kwargs[k] for k in ("backend", "chunk_size", "solve_method",
+                                             "solve_iters")})
+        return op(*args, **kwargs)
+
+    monkeypatch.setattr(layer_module, "chunk_gated_delta_rule", spy)
+    hf = tiny_model("qwen3_5")
+    ids = torch.randint(3, VOCAB, (1, 40))
+    with torch.no_grad():
+        ref = hf(ids).logits
+        swap_gated_deltanet(hf, backend="torch", chunk_size=32, solve_method="newton_schulz",
+                            solve_iters=12)
+        got = hf(ids).logits
+    assert seen == [{"backend": "torch", "chunk_size": 32, "solve_method": "newton_schulz",
+                     "solve_iters": 12}] * 3
+    assert (got - ref).abs().max().item() < LOGIT_ATOL
