@@ -115,6 +115,6 @@ def as_layer_cache(cache):
         return cache
     if all(hasattr(cache, m) for m in ("update_conv_state", "update_recurrent_state")):
         return HFCacheView(cache)
-    raise TypeError("past_key_values must be a gdn_fused.GatedDeltaNetCache, an object with "
+    raise TypeError("past_key_values must be a gdn_fused.cache.GatedDeltaNetCache, an object with "
                     "recurrent_state/update_conv/update_recurrent, or a transformers Cache with "
                     f"linear-attention layers (transformers >= 5.17); got {type(cache).__name__}")

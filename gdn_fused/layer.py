@@ -293,7 +293,7 @@ class GatedDeltaNet(nn.Module):
                 write nor decay the state (their k, v, beta and g are zeroed), their conv
                 inputs are zero (so a left-padded prompt convolves like the prompt alone), and
                 their outputs are zero.
-            past_key_values: None, a :class:`gdn_fused.GatedDeltaNetCache`, or a transformers
+            past_key_values: None, a :class:`gdn_fused.cache.GatedDeltaNetCache`, or a transformers
                 ``Cache`` (``generate()``'s; also accepted as ``cache_params=`` (transformers
                 5.17) or ``cache=`` (newer 5.x)). The layer continues from its state under
                 ``layer_idx`` and writes the new conv and fp32 recurrent state back in place.
@@ -317,7 +317,7 @@ class GatedDeltaNet(nn.Module):
                                  kwargs.get("cache"))
         if use_cache and cache is None:
             raise ValueError("use_cache=True needs a cache to write into: pass "
-                             "past_key_values=gdn_fused.GatedDeltaNetCache() (or HF's Cache)")
+                             "past_key_values=gdn_fused.cache.GatedDeltaNetCache() (or HF's Cache)")
         if not isinstance(hidden_states, torch.Tensor):
             raise TypeError(f"hidden_states must be a torch.Tensor, got "
                             f"{type(hidden_states).__name__}")
