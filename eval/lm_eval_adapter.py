@@ -116,15 +116,11 @@ def cross_check(args, lm_batch_size: int = 1) -> dict:
     plus per-question predictions of both."""
     import torch
 
-    from .mmlu import load_questions
-    from .mmlu_models import DTYPES, ModelSource
+    from .mmlu import load_questions, model_source
     from .mmlu_scoring import (accuracy_by_subject, answer_logits, letter_token_ids,
                                predictions, tokenize_prompts)
 
-    source = ModelSource(path=args.model, shape=args.shape, seed=args.seed,
-                         num_layers=args.layers, dtype=DTYPES[args.dtype], device=args.device,
-                         chunk_size=args.chunk_size)
-    lm = SwappedLM(source, args.variants[0], batch_size=lm_batch_size)
+    lm = SwappedLM(model_source(args), args.variants[0], batch_size=lm_batch_size)
     out = lm_eval.simple_evaluate(model=lm, tasks=task_configs(args.data_dir, args.subjects,
                                                                args.num_fewshot),
                                   limit=args.limit, log_samples=True, bootstrap_iters=0,
@@ -156,7 +152,7 @@ def cross_check(args, lm_batch_size: int = 1) -> dict:
 def main(argv: list[str] | None = None) -> int:
     """``python -m eval.lm_eval_adapter``: the cross-check for one backend / solve method;
     prints both accuracies per subject, returns 0 when all predictions agree, else 1."""
-    from .mmlu import build_parser, check_args, configure_logging
+    from .mmlu import build_parser, check_args, configure
     parser = build_parser()
     parser.prog = "python -m eval.lm_eval_adapter"
     parser.set_defaults(backend=["torch"])
@@ -164,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     check_args(parser, args)
     if len(args.variants) != 1:
         parser.error("the cross-check takes one backend and one solve method")
-    configure_logging(args.verbose)
+    configure(args)
     result = cross_check(args)
     print(f"{'subject':<28} {'lm-eval':>8} {'script':>8}")
     for subject, acc in result["lm_eval"].items():

@@ -94,8 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
                           "blocked mxr newton_schulz:2 newton_schulz:6 mch (default: blocked)")
     run.add_argument("--chunk-size", type=int, default=64, choices=(16, 32, 64))
     run.add_argument("--batch-size", type=int, default=8,
-                     help="prompts per forward pass (default 8: fastest measured on 2 CPU "
-                          "cores)")
+                     help="prompts per forward pass (default 8: the fastest of 1, 4, 8, 16 "
+                          "measured on 2 CPU cores)")
+    run.add_argument("--threads", type=int, default=None,
+                     help="CPU threads of torch (default: 1 for the embedded model on CPU, "
+                          "whose tensors are too small to split, else torch's default)")
     out = p.add_argument_group("output")
     out.add_argument("--out", type=Path, default=Path(DEFAULT_OUT),
                      help=f"JSON results file (default {DEFAULT_OUT})")
@@ -120,7 +123,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     if unknown:
         parser.error(f"unknown subject(s) {', '.join(unknown)}: not in {args.data_dir / 'test'}; "
                      f"available: {', '.join(available) or '(none)'}")
-    for name in ("limit", "batch_size", "layers"):
+    for name in ("limit", "batch_size", "layers", "threads"):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
@@ -191,12 +194,17 @@ def load_questions(data_dir: Path, subjects: list[str], num_fewshot: int, limit:
     return questions, prompts
 
 
+def model_source(args: argparse.Namespace) -> ModelSource:
+    """The checkpoint or embedded model the arguments name."""
+    return ModelSource(path=args.model, shape=args.shape, seed=args.seed,
+                       num_layers=args.layers, dtype=DTYPES[args.dtype], device=args.device,
+                       chunk_size=args.chunk_size)
+
+
 def evaluate(args: argparse.Namespace) -> dict:
     """Run every variant of ``args.variants`` over the same tokenized prompts; the results
     dict that is written as JSON (see :func:`main`)."""
-    source = ModelSource(path=args.model, shape=args.shape, seed=args.seed,
-                         num_layers=args.layers, dtype=DTYPES[args.dtype], device=args.device,
-                         chunk_size=args.chunk_size)
+    source = model_source(args)
     questions, prompts = load_questions(args.data_dir, args.subjects, args.num_fewshot,
                                         args.limit)
     tokenizer = source.tokenizer()
@@ -276,11 +284,22 @@ def format_table(result: dict) -> str:
     return "\n".join(lines + ([""] + notes if notes else []))
 
 
-def configure_logging(verbose: bool) -> None:
-    """verbose: gdn_fused's debug log (backend fallbacks, swaps) and transformers' warnings;
-    otherwise transformers errors only: it warns once per kernel that it falls back to its
-    torch code without fla / causal-conv1d, which is the reference behaviour here, not news."""
-    if verbose:
+def configure(args: argparse.Namespace) -> None:
+    """Threads and logging of a run.
+
+    Threads: the embedded model on CPU runs single-threaded unless --threads says otherwise.
+    Its tensors (hidden 64) are too small for intra-op threads to pay off, and where other
+    processes share the cores OpenMP threads spin-wait: measured on a 2-core machine under
+    load, 60 prompts took 60 s with 2 threads and 3.3 s with 1.
+
+    Logging: with --verbose gdn_fused's debug log (backend fallbacks, swaps) and transformers'
+    warnings; otherwise transformers errors only: it warns once per kernel that it falls back
+    to its torch code without fla / causal-conv1d, the reference behaviour here, not news."""
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    elif args.model is None and torch.device(args.device).type == "cpu":
+        torch.set_num_threads(1)
+    if args.verbose:
         logging.basicConfig(format="%(name)s: %(message)s")
         logging.getLogger("gdn_fused").setLevel(logging.DEBUG)
     else:
@@ -296,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     check_args(parser, args)
-    configure_logging(args.verbose)
+    threads = torch.get_num_threads()
+    configure(args)
     try:
         result = evaluate(args)
     except (ImportError, OSError, ValueError) as e:
@@ -304,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {e} (-v for the traceback)", file=sys.stderr)
         return 1
+    finally:
+        torch.set_num_threads(threads)  # main(argv) may run inside a larger process (tests)
     print(f"MMLU {args.num_fewshot}-shot, {result['questions']} questions "
           f"({result['prompt_tokens']} prompt tokens), {result['model']}, "
           f"{args.dtype} on {args.device}")
