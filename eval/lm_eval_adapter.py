@@ -2,9 +2,8 @@
 model as an lm-eval Hugging Face model, and offline MMLU task definitions over the local CSV
 files.
 
-- :class:`SwappedLM` (registered as lm-eval model ``gdn_fused``): an ``HFLM`` over a model of
-  :class:`.mmlu_models.ModelSource` — a local checkpoint or the embedded model, swapped to one
-  backend / inverse method.
+- :class:`SwappedLM` (registered as lm-eval model ``gdn_fused``): an ``HFLM`` over a local
+  checkpoint or the embedded model, swapped to one backend / inverse method.
 - :func:`task_configs`: one lm-eval task per subject, reading ``dev/`` and ``test/`` of a data
   directory in the original layout (no download); the prompt text comes from
   :mod:`.mmlu_data`, so lm-eval sees exactly the prompts of ``python -m eval.mmlu``.
@@ -22,6 +21,7 @@ from __future__ import annotations
 import sys
 
 from .mmlu_data import CHOICES, Question, format_question, prompt_header, read_split
+from .mmlu_models import DTYPES, ModelSource, make_variants
 
 try:
     import lm_eval
@@ -89,22 +89,36 @@ def task_configs(data_dir, subjects: list[str], num_fewshot: int = 5) -> list[di
 
 @register_model("gdn_fused")
 class SwappedLM(HFLM):
-    """lm-eval's HFLM over one variant of a :class:`.mmlu_models.ModelSource`.
+    """lm-eval's HFLM over a Qwen3-Next / Qwen3.5 model with our Gated DeltaNet swapped in.
 
-    Args:
-        source: the checkpoint / embedded model to load (dtype, device, chunk size inside).
-        variant: the backend and inverse method; "recurrent" is refused (lm-eval runs one
-            prefill per request, which is the chunk path).
+    Registered as lm-eval model ``gdn_fused`` (once this module is imported), so also
+    ``simple_evaluate(model="gdn_fused", model_args="model=PATH,backend=fused,...")``.
+
+    Args (strings accepted, as lm-eval's ``model_args`` passes them):
+        model: a local checkpoint directory, or None for the embedded model (``shape``,
+            ``seed``, ``layers``: see :mod:`.embedded`).
+        backend: a backend of ``python -m eval.mmlu`` except "recurrent" (lm-eval runs one
+            prefill per request, which is the chunk path); "hf" = unswapped.
+        solve_method: "name" or "name:iters" of :data:`gdn_fused.inverse.METHODS`.
+        dtype, device, chunk_size: as in ``python -m eval.mmlu``.
         batch_size: lm-eval's batch size. lm-eval computes the logits of every position, so
             keep it small on a CPU (151,936 vocabulary entries per token).
 
-    Raises ValueError for the recurrent backend, and what ``ModelSource.load`` raises."""
+    Raises ValueError for an unknown or the recurrent backend or an unknown solve method, and
+    what :meth:`.mmlu_models.ModelSource.load` raises."""
 
-    def __init__(self, source, variant, batch_size: int = 1):
+    def __init__(self, model: str | None = None, backend: str = "torch",
+                 solve_method: str = "blocked", shape: str = "tiny", seed: int = 0,
+                 layers: int | None = None, dtype: str = "float32", device: str = "cpu",
+                 chunk_size: int = 64, batch_size: int = 1):
+        (variant,) = make_variants([backend], [solve_method])
         if variant.backend == "recurrent":
             raise ValueError("the lm-eval adapter runs prefill only; use the chunked backends")
+        source = ModelSource(path=model, shape=shape, seed=int(seed),
+                             num_layers=None if layers is None else int(layers),
+                             dtype=DTYPES[dtype], device=device, chunk_size=int(chunk_size))
         super().__init__(pretrained=source.load(variant), tokenizer=source.tokenizer(),
-                         batch_size=batch_size, device=source.device)
+                         batch_size=batch_size, device=device)
 
 
 def cross_check(args, lm_batch_size: int = 1) -> dict:
@@ -116,11 +130,13 @@ def cross_check(args, lm_batch_size: int = 1) -> dict:
     plus per-question predictions of both."""
     import torch
 
-    from .mmlu import load_questions, model_source
+    from .mmlu import load_questions
     from .mmlu_scoring import (accuracy_by_subject, answer_logits, letter_token_ids,
                                predictions, tokenize_prompts)
 
-    lm = SwappedLM(model_source(args), args.variants[0], batch_size=lm_batch_size)
+    lm = SwappedLM(model=args.model, backend=args.backend[0], solve_method=args.solve_method[0],
+                   shape=args.shape, seed=args.seed, layers=args.layers, dtype=args.dtype,
+                   device=args.device, chunk_size=args.chunk_size, batch_size=lm_batch_size)
     out = lm_eval.simple_evaluate(model=lm, tasks=task_configs(args.data_dir, args.subjects,
                                                                args.num_fewshot),
                                   limit=args.limit, log_samples=True, bootstrap_iters=0,

@@ -194,17 +194,12 @@ def load_questions(data_dir: Path, subjects: list[str], num_fewshot: int, limit:
     return questions, prompts
 
 
-def model_source(args: argparse.Namespace) -> ModelSource:
-    """The checkpoint or embedded model the arguments name."""
-    return ModelSource(path=args.model, shape=args.shape, seed=args.seed,
-                       num_layers=args.layers, dtype=DTYPES[args.dtype], device=args.device,
-                       chunk_size=args.chunk_size)
-
-
 def evaluate(args: argparse.Namespace) -> dict:
     """Run every variant of ``args.variants`` over the same tokenized prompts; the results
     dict that is written as JSON (see :func:`main`)."""
-    source = model_source(args)
+    source = ModelSource(path=args.model, shape=args.shape, seed=args.seed,
+                         num_layers=args.layers, dtype=DTYPES[args.dtype], device=args.device,
+                         chunk_size=args.chunk_size)
     questions, prompts = load_questions(args.data_dir, args.subjects, args.num_fewshot,
                                         args.limit)
     tokenizer = source.tokenizer()
