@@ -98,7 +98,6 @@ def bench_forward(shapes, bandwidth, fla_chunk, backward):
             row["fla_ms"] = triton.testing.do_bench(fn, return_mode="median")
         print(row, flush=True)
         rows.append(row)
-        del q, k, v, g, beta, h0
         torch.cuda.empty_cache()
     return rows
 

@@ -26,7 +26,7 @@ from gdn_fused.kernels.chunk_bwd_dqkwg import chunk_bwd_dqkwg
 from gdn_fused.kernels.chunk_bwd_dv import chunk_bwd_dv_local
 from gdn_fused.kernels.chunk_bwd_state import chunk_bwd_state
 from gdn_fused.kernels.chunk_gate import chunk_cumsum
-from gdn_fused.kernels.chunk_index import prepare_chunk_indices
+from gdn_fused.kernels.chunk_index import chunk_layout
 from gdn_fused.kernels.chunk_state import chunk_state
 from gdn_fused.kernels.kkt import dot_precision
 from gdn_fused.kernels.kkt_solve import kkt_solve_from_k
@@ -55,27 +55,21 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, initial_state, do, dht, 
     B, T, H, K = q.shape
     HV = v.shape[2]
     prec = dot_precision(q.dtype)
-    if cu_seqlens is not None:
-        chunk_indices, chunk_offsets, NT = prepare_chunk_indices(cu_seqlens, chunk_size)
-        N = cu_seqlens.numel() - 1
-    else:
-        chunk_indices = chunk_offsets = NT = None
-        N = B
-    idx = dict(cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, num_chunks=NT)
+    N, chunk_offsets, idx = chunk_layout(cu_seqlens, B, chunk_size)
     # recompute the forward's intermediates (T kept in fp32: dA = −Tᵀ dT Tᵀ is formed from it;
     # always the stable blocked inverse, whatever solve_method the forward ran)
     G = chunk_cumsum(g, chunk_size, **idx)
     Ai = kkt_solve_from_k(k, G, beta, HV, chunk_size, torch.float32, **idx)
     w, u = recompute_w_u(k, v, G, beta, Ai, dot_precision=prec, **idx)
     h, v_new, _ = chunk_state(k, w, u, G, initial_state, False, chunk_size, N,
-                              cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets, num_chunks=NT,
-                              dot_precision=prec)
+                              cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets,
+                              num_chunks=idx["num_chunks"], dot_precision=prec)
     del u
     # the backward proper
     dv_local = chunk_bwd_dv_local(q, k, g, do, scale, chunk_size, dot_precision=prec, **idx)
     dh, dv2, dh0 = chunk_bwd_state(q, k, w, g, do, dv_local, scale, dht, initial_state,
                                    chunk_size, N, cu_seqlens=cu_seqlens,
-                                   chunk_offsets=chunk_offsets, num_chunks=NT,
+                                   chunk_offsets=chunk_offsets, num_chunks=idx["num_chunks"],
                                    dot_precision=prec)
     del dv_local
     dq, dk, dw, dg_part = chunk_bwd_dqkwg(q, k, v_new, h, dh, g, do, dv2, scale, chunk_size,

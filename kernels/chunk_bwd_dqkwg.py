@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from gdn_fused.kernels.chunk_gate_bwd import chunk_gate_bwd, chunk_log_decay, decay, decay_between
-from gdn_fused.kernels.chunk_index import chunk_program
+from gdn_fused.kernels.chunk_index import chunk_program, first_chunk
 
 BLOCK_K = 64  # key columns per program: three [C, 64] fp32 accumulators fit in registers
 
@@ -42,10 +42,7 @@ def chunk_bwd_dqkwg_kernel(q, k, v_new, h, dh, g, do, dv2, dq, dk, dw, dg, cu_se
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
     i_n, i_t, bos, seqlen = chunk_program(i_tg, i_b, T, cu_seqlens, chunk_indices, IS_VARLEN)
-    if IS_VARLEN:
-        i_c = tl.load(chunk_offsets + i_n).to(tl.int32) + i_t
-    else:
-        i_c = i_b * tl.cdiv(T, BT) + i_t
+    i_c = first_chunk(i_n, T, chunk_offsets, BT, IS_VARLEN) + i_t
     p_state = (i_c.to(tl.int64) * HV + i_hv) * K * V
     b_dq = tl.zeros([BT, BK], dtype=tl.float32)
     b_dk = tl.zeros([BT, BK], dtype=tl.float32)

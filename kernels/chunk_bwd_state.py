@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from gdn_fused.kernels.chunk_gate_bwd import chunk_log_decay, decay
-from gdn_fused.kernels.chunk_index import sequence_program
+from gdn_fused.kernels.chunk_index import first_chunk, sequence_program
 
 
 @triton.jit
@@ -36,10 +36,7 @@ def chunk_bwd_state_kernel(q, k, w, g, do, dv_local, dh, dv2, dht, dh0, cu_seqle
     i_h = i_hv // (HV // H)
     bos, seqlen = sequence_program(i_n, T, cu_seqlens, IS_VARLEN)
     NT = tl.cdiv(seqlen, BT)
-    if IS_VARLEN:
-        boh = tl.load(chunk_offsets + i_n).to(tl.int32)
-    else:
-        boh = i_n * tl.cdiv(T, BT)
+    boh = first_chunk(i_n, T, chunk_offsets, BT, IS_VARLEN)
     p_state = (i_n * HV + i_hv) * K * V
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_FINAL_STATE_GRAD:

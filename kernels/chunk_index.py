@@ -27,6 +27,17 @@ def prepare_chunk_indices(cu_seqlens: torch.Tensor, chunk_size: int):
     return indices.to(dev), offsets.to(torch.int32).to(dev), NT
 
 
+def chunk_layout(cu_seqlens, batch: int, chunk_size: int):
+    """(N, chunk_offsets, idx) for a launch: N sequences, the global index of each sequence's
+    first chunk (packed input only, else None), and ``idx`` = the keyword arguments
+    (cu_seqlens, chunk_indices, num_chunks) every chunk-parallel launcher takes."""
+    if cu_seqlens is None:
+        return batch, None, dict(cu_seqlens=None, chunk_indices=None, num_chunks=None)
+    chunk_indices, chunk_offsets, NT = prepare_chunk_indices(cu_seqlens, chunk_size)
+    return (cu_seqlens.numel() - 1, chunk_offsets,
+            dict(cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, num_chunks=NT))
+
+
 @triton.jit
 def chunk_program(i_t, i_b, T, cu_seqlens, chunk_indices, IS_VARLEN: tl.constexpr):
     """Map a chunk program to (sequence n, chunk index in it, first token row, sequence length).
@@ -55,3 +66,13 @@ def sequence_program(i_n, T, cu_seqlens, IS_VARLEN: tl.constexpr):
         bos = i_n * T
         eos = bos + T
     return bos, eos - bos
+
+
+@triton.jit
+def first_chunk(i_n, T, chunk_offsets, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """Global index of sequence i_n's first chunk in per-chunk buffers (states h, dh)."""
+    if IS_VARLEN:
+        boh = tl.load(chunk_offsets + i_n).to(tl.int32)
+    else:
+        boh = i_n * tl.cdiv(T, BT)
+    return boh

@@ -3,7 +3,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_fused.kernels.chunk_index import chunk_program
+from gdn_fused.kernels.chunk_index import chunk_program, first_chunk
 from gdn_fused.kernels.kkt import gated_decay
 
 
@@ -16,10 +16,7 @@ def chunk_output_kernel(q, k, v_new, h, G, o, cu_seqlens, chunk_indices, chunk_o
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
     i_n, i_t, bos, seqlen = chunk_program(i_tg, i_b, T, cu_seqlens, chunk_indices, IS_VARLEN)
-    if IS_VARLEN:
-        i_c = tl.load(chunk_offsets + i_n).to(tl.int32) + i_t
-    else:
-        i_c = i_b * tl.cdiv(T, BT) + i_t
+    i_c = first_chunk(i_n, T, chunk_offsets, BT, IS_VARLEN) + i_t
     p_q = tl.make_block_ptr(q + (bos * H + i_h) * K, (seqlen, K), (H * K, 1), (i_t * BT, 0),
                             (BT, BK), (1, 0))
     p_k = tl.make_block_ptr(k + (bos * H + i_h) * K, (K, seqlen), (1, H * K), (0, i_t * BT),

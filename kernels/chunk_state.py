@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_fused.kernels.chunk_index import sequence_program
+from gdn_fused.kernels.chunk_index import first_chunk, sequence_program
 
 
 @triton.jit
@@ -22,10 +22,7 @@ def chunk_state_kernel(k, w, u, G, h, v_new, h0, ht, cu_seqlens, chunk_offsets, 
     i_h = i_hv // (HV // H)
     bos, seqlen = sequence_program(i_n, T, cu_seqlens, IS_VARLEN)
     NT = tl.cdiv(seqlen, BT)
-    if IS_VARLEN:
-        boh = tl.load(chunk_offsets + i_n).to(tl.int32)
-    else:
-        boh = i_n * tl.cdiv(T, BT)
+    boh = first_chunk(i_n, T, chunk_offsets, BT, IS_VARLEN)
     p_state = (i_n * HV + i_hv) * K * V
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_INITIAL_STATE:

@@ -7,7 +7,7 @@
 import torch
 
 from gdn_fused.kernels.chunk_gate import chunk_cumsum
-from gdn_fused.kernels.chunk_index import prepare_chunk_indices
+from gdn_fused.kernels.chunk_index import chunk_layout
 from gdn_fused.kernels.chunk_output import chunk_output
 from gdn_fused.kernels.chunk_state import chunk_state
 from gdn_fused.kernels.kkt import dot_precision
@@ -30,16 +30,9 @@ def materialized_fwd(q, k, v, g, beta, scale, initial_state, output_final_state,
     solve_method, solve_iters: the kkt_solve method (kernels/kkt_solve.py)."""
     q, k, v, g, beta, initial_state, cu_seqlens = contiguous(q, k, v, g, beta, initial_state,
                                                              cu_seqlens)
-    B, T = q.shape[:2]
     HV = v.shape[2]
     prec = dot_precision(q.dtype)
-    if cu_seqlens is not None:
-        chunk_indices, chunk_offsets, NT = prepare_chunk_indices(cu_seqlens, chunk_size)
-        N = cu_seqlens.numel() - 1
-    else:
-        chunk_indices = chunk_offsets = NT = None
-        N = B
-    idx = dict(cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, num_chunks=NT)
+    N, chunk_offsets, idx = chunk_layout(cu_seqlens, q.shape[0], chunk_size)
     G = chunk_cumsum(g, chunk_size, **idx)
     # the fused kkt variant: A is formed on chip and never written to HBM
     Ai = kkt_solve_from_k(k, G, beta, HV, chunk_size,
@@ -48,8 +41,8 @@ def materialized_fwd(q, k, v, g, beta, scale, initial_state, output_final_state,
                           solve_iters=solve_iters, **idx)
     w, u = recompute_w_u(k, v, G, beta, Ai, dot_precision=prec, **idx)
     h, v_new, ht = chunk_state(k, w, u, G, initial_state, output_final_state, chunk_size, N,
-                               cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets, num_chunks=NT,
-                               dot_precision=prec)
+                               cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets,
+                               num_chunks=idx["num_chunks"], dot_precision=prec)
     o = chunk_output(q, k, v_new, h, G, scale, chunk_size, chunk_offsets=chunk_offsets,
                      dot_precision=prec, **idx)
     return o, ht, dict(G=G, Ai=Ai, h=h, v_new=v_new)

@@ -15,16 +15,6 @@ from gdn_fused.validation import triton_interpreted
 D_MODEL, H, HV, K, V, W = 32, 2, 4, 16, 8, 4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny shapes gain nothing from intra-op threads, and on a shared CPU their spin-waits
-    cost 10-50x; restore the setting afterwards."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def make_layer(dtype=torch.float64, seed=0, **kw):
     """A small layer with every parameter random (norm weights too) and moderate decays."""
     torch.manual_seed(seed)

@@ -9,7 +9,6 @@ from transformers import (Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, Qwen3_5MoeT
 
 from gdn_fused.layer import GatedDeltaNet
 from gdn_fused.models import load_swapped, swap_gated_deltanet
-from tests.test_layer import _one_thread  # noqa: F401  (autouse fixture: one intra-op thread)
 
 VOCAB = 128
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
