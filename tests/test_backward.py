@@ -183,6 +183,7 @@ def test_backward_bf16_gpu(case, backend):
     xs, do, dht, cu = inputs(case, torch.bfloat16, "cuda")
     got = triton_grads(xs, do, dht, cu, case[-1], backend)
     err = errors(got, case_truth(case, xs, do, dht, cu))
+    print(f"backward bf16 {backend} {case[0]}: " + " ".join(f"{n} {e:.1e}" for n, e in err.items()))
     assert all(err[n] <= GPU_BOUND[n] for n in err), err
     if cu is not None:
         end = case[9][-1]
