@@ -22,6 +22,7 @@ import triton.language as tl
 
 from gdn_fused.kernels.chunk_gate_bwd import chunk_log_decay, decay
 from gdn_fused.kernels.chunk_index import first_chunk, sequence_program
+from gdn_fused.kernels.chunk_state import state_blocks
 
 
 @triton.jit
@@ -102,9 +103,7 @@ def chunk_bwd_state(q, k, w, g, do, dv_local, scale, dht, initial_state, chunk_s
     dh = k.new_empty(NT, HV, K, V)
     dv2 = torch.zeros_like(do) if cu_seqlens is not None else torch.empty_like(do)
     dh0 = torch.empty_like(initial_state) if initial_state is not None else None
-    BK = max(16, triton.next_power_of_2(K))
-    # the [BK, BV] fp32 state gradient lives in registers: keep it at most 128×64
-    BV = min(64 if BK <= 128 else 32, max(16, triton.next_power_of_2(V)))
+    BK, BV = state_blocks(K, V, num_seqs * HV, k.device)  # [BK, BV] fp32 dh in registers
     grid = (triton.cdiv(V, BV), num_seqs * HV)
     chunk_bwd_state_kernel[grid](q, k, w, g, do, dv_local, dh, dv2, dht, dh0, cu_seqlens,
                                  chunk_offsets, scale, T, H=H, HV=HV, K=K, V=V, BT=chunk_size,

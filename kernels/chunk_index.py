@@ -6,6 +6,8 @@ their chunks globally: ``chunk_indices[c] = (sequence n, chunk index inside n)``
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -36,6 +38,15 @@ def chunk_layout(cu_seqlens, batch: int, chunk_size: int):
     chunk_indices, chunk_offsets, NT = prepare_chunk_indices(cu_seqlens, chunk_size)
     return (cu_seqlens.numel() - 1, chunk_offsets,
             dict(cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, num_chunks=NT))
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device``; the H200's 132 where there is no GPU (the
+    interpreter), so plans made on CPU match the target card."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132
 
 
 @triton.jit

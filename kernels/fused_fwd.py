@@ -30,13 +30,13 @@ Design notes and the reasons behind them: docs/fused_design.md.
 """
 from __future__ import annotations
 
-import functools
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
+from gdn_fused.kernels.chunk_index import sm_count
 from gdn_fused.validation import CHUNK_SIZES, triton_interpreted
 
 HEAD_DIMS = (64, 128)      # K and V the kernel is built and tested for
@@ -333,15 +333,6 @@ def unsupported_reason(q: torch.Tensor, v: torch.Tensor, chunk_size: int) -> Opt
     elif not triton_interpreted():
         return f"tensors on {q.device.type} need TRITON_INTERPRET=1"
     return None
-
-
-@functools.lru_cache(maxsize=None)
-def sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of ``device``; the H200's 132 where there is no GPU (the
-    interpreter), so plans made on CPU match the target card."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 132
 
 
 def dot_precisions(dtype: torch.dtype) -> tuple[str, str]:
