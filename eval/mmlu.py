@@ -52,6 +52,11 @@ from .mmlu_scoring import (accuracy_by_subject, answer_logits, compare_to_refere
 DEFAULT_BACKENDS = [REFERENCE, "torch"]
 DEFAULT_SOLVE_METHODS = ["blocked"]
 DEFAULT_OUT = "mmlu_results.json"
+CPU_BATCH_SIZE = 8
+# On a GPU a forward of 8 prompts is bound by kernel launches (HF's torch fallback alone issues
+# ~5,000 ops per forward), so fewer, larger batches: 32 prompts of the 80B-shaped embedded
+# model are ~0.4 GB of bf16 activations per layer and at most 32 x 32 x 151,936 logits.
+GPU_BATCH_SIZE = 32
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,9 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="inverse methods of gdn_fused.inverse for the chunked backends, e.g. "
                           "blocked mxr newton_schulz:2 newton_schulz:6 mch (default: blocked)")
     run.add_argument("--chunk-size", type=int, default=64, choices=(16, 32, 64))
-    run.add_argument("--batch-size", type=int, default=8,
-                     help="prompts per forward pass (default 8: the fastest of 1, 4, 8, 16 "
-                          "measured on 2 CPU cores)")
+    run.add_argument("--batch-size", type=int, default=None,
+                     help=f"prompts per forward pass (default {CPU_BATCH_SIZE} on CPU: the "
+                          "fastest of 1, 4, 8, 16 measured on 2 CPU cores; "
+                          f"{GPU_BATCH_SIZE} on a GPU, where a forward of a few prompts is "
+                          "bound by kernel launches)")
     run.add_argument("--threads", type=int, default=None,
                      help="CPU threads of torch (default: 1 for the embedded model on CPU, "
                           "whose tensors are too small to split, else torch's default)")
@@ -137,6 +144,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error(f"--device: {e}")
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available")
+    if args.batch_size is None:
+        args.batch_size = CPU_BATCH_SIZE if device.type == "cpu" else GPU_BATCH_SIZE
     try:
         variants = make_variants(args.backend, args.solve_method)
     except ValueError as e:
@@ -194,12 +203,26 @@ def load_questions(data_dir: Path, subjects: list[str], num_fewshot: int, limit:
     return questions, prompts
 
 
+def _say(line: str) -> None:
+    """One line of the run log (stderr, flushed: visible on a long GPU run without tqdm)."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def _sync(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def evaluate(args: argparse.Namespace) -> dict:
     """Run every variant of ``args.variants`` over the same tokenized prompts; the results
-    dict that is written as JSON (see :func:`main`)."""
+    dict that is written as JSON (see :func:`main`).
+
+    Logs to stderr the setup times and one line per finished row (its load and scoring
+    seconds), so a long run shows where it is even with --no-progress."""
     source = ModelSource(path=args.model, shape=args.shape, seed=args.seed,
                          num_layers=args.layers, dtype=DTYPES[args.dtype], device=args.device,
                          chunk_size=args.chunk_size)
+    start = time.perf_counter()
     questions, prompts = load_questions(args.data_dir, args.subjects, args.num_fewshot,
                                         args.limit)
     tokenizer = source.tokenizer()
@@ -207,12 +230,25 @@ def evaluate(args: argparse.Namespace) -> dict:
     token_ids = tokenize_prompts(tokenizer, prompts)
     answers = [q.answer for q in questions]
     subjects = [q.subject for q in questions]
+    _say(f"{len(prompts)} prompts, {sum(map(len, token_ids))} tokens (longest "
+         f"{max(map(len, token_ids), default=0)}), tokenized in "
+         f"{time.perf_counter() - start:.1f} s")
+    setup = {"tokenize_seconds": time.perf_counter() - start}
+    if args.model is None:
+        start = time.perf_counter()
+        source.embedded_model()  # built once, shared by every row
+        _sync(args.device)
+        setup["build_seconds"] = time.perf_counter() - start
+        _say(f"built {source.describe()} on {args.device} in {setup['build_seconds']:.1f} s")
 
     rows, reference = [], None
     gdn_logger = logging.getLogger("gdn_fused")
-    for variant in args.variants:
+    for index, variant in enumerate(args.variants, 1):
         label = f"{variant.backend} {variant.method_label}"
+        start = time.perf_counter()
         model = source.load(variant)
+        _sync(args.device)
+        load_seconds = time.perf_counter() - start
         log, level = _LogLines(), gdn_logger.level
         gdn_logger.addHandler(log)
         gdn_logger.setLevel(logging.DEBUG)
@@ -221,18 +257,22 @@ def evaluate(args: argparse.Namespace) -> dict:
             logits = answer_logits(model, token_ids, letters, args.batch_size, args.device,
                                    desc=label, progress=not args.no_progress,
                                    stream=variant.stream)
-            seconds = time.perf_counter() - start
+            seconds = time.perf_counter() - start  # answer_logits ends on a .cpu(): synced
         finally:
             gdn_logger.removeHandler(log)
             gdn_logger.setLevel(level)
         del model
         free_memory()
+        _say(f"[{index}/{len(args.variants)}] {label}: {len(prompts)} questions in "
+             f"{seconds:.1f} s ({len(prompts) / max(seconds, 1e-9):.1f} q/s), "
+             f"load {load_seconds:.1f} s")
         if variant.backend == REFERENCE:
             reference = logits
         preds = predictions(logits)
         row = {"backend": variant.backend, "solve_method": variant.solve_method,
                "solve_iters": variant.solve_iters, "method": variant.method_label,
-               "accuracy": accuracy_by_subject(preds, answers, subjects), "seconds": seconds}
+               "accuracy": accuracy_by_subject(preds, answers, subjects), "seconds": seconds,
+               "load_seconds": load_seconds}
         if reference is not None:
             stats = compare_to_reference(logits, reference)
             row.update({k: finite_or_none(v) if isinstance(v, float) else v
@@ -240,11 +280,13 @@ def evaluate(args: argparse.Namespace) -> dict:
         row["log"] = log.lines
         row["predictions"] = "".join(preds)
         rows.append(row)
+    source.release()
 
     return {
         "model": source.describe(), "dtype": args.dtype, "device": args.device,
         "chunk_size": args.chunk_size, "data_dir": str(args.data_dir),
-        "num_fewshot": args.num_fewshot, "limit": args.limit, "questions": len(questions),
+        "num_fewshot": args.num_fewshot, "limit": args.limit, "batch_size": args.batch_size,
+        **setup, "questions": len(questions),
         "prompt_tokens": sum(map(len, token_ids)), "subjects": dict(Counter(subjects)),
         "reference": REFERENCE if reference is not None else None,
         "answers": "".join(answers), "rows": rows,
@@ -263,6 +305,7 @@ def format_table(result: dict) -> str:
     head = ["Backend", "Method", "Avg."] + [PAPER_SUBJECTS.get(s, s) for s in subjects]
     if compare:
         head += ["Agree", "Max |Δlogit|", "Mean |Δlogit|"]
+    head.append("Time (s)")
     lines = ["| " + " | ".join(head) + " |",
              "|" + "|".join("---" if i < 2 else "---:" for i in range(len(head))) + "|"]
     for row in result["rows"]:
@@ -272,6 +315,7 @@ def format_table(result: dict) -> str:
         if compare:
             cells += [f"{row['agreement']:.3f}", _num(row["max_abs_logit_diff"], ".2e"),
                       _num(row["mean_abs_logit_diff"], ".2e")]
+        cells.append(f"{row['seconds']:.1f}")
         lines.append("| " + " | ".join(cells) + " |")
     # what actually ran: every backend fallback the op logged during the run
     notes = [f"- {row['backend']} {row['method']}: {line}" for row in result["rows"]

