@@ -263,9 +263,6 @@ def evaluate(args: argparse.Namespace) -> dict:
             gdn_logger.setLevel(level)
         del model
         free_memory()
-        _say(f"[{index}/{len(args.variants)}] {label}: {len(prompts)} questions in "
-             f"{seconds:.1f} s ({len(prompts) / max(seconds, 1e-9):.1f} q/s), "
-             f"load {load_seconds:.1f} s")
         if variant.backend == REFERENCE:
             reference = logits
         preds = predictions(logits)
@@ -277,6 +274,11 @@ def evaluate(args: argparse.Namespace) -> dict:
             stats = compare_to_reference(logits, reference)
             row.update({k: finite_or_none(v) if isinstance(v, float) else v
                         for k, v in stats.items()})
+        _say(f"[{index}/{len(args.variants)}] {label}: {len(prompts)} questions in "
+             f"{seconds:.1f} s ({len(prompts) / max(seconds, 1e-9):.1f} q/s), load "
+             f"{load_seconds:.1f} s; accuracy {row['accuracy']['avg']:.3f}"
+             + (f", agree {row['agreement']:.3f}, max |dlogit| "
+                f"{_num(row['max_abs_logit_diff'], '.2e')}" if reference is not None else ""))
         row["log"] = log.lines
         row["predictions"] = "".join(preds)
         rows.append(row)
