@@ -154,8 +154,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     args.variants = []
     for v in variants:
         try:
-            check_device_for_backend(v.backend, device)
-        except ValueError as e:
+            check_device_for_backend(v.backend, device, DTYPES[args.dtype])
+        except (ValueError, TypeError) as e:
             parser.error(f"--backend {v.backend}: {e}")
         if v.solve_method is not None:
             # auto means the Triton backends on CUDA (design card), whose methods are fewer

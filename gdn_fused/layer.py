@@ -26,6 +26,7 @@ from torch import nn
 
 from gdn_fused.cache import as_layer_cache
 from gdn_fused.ops import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+from gdn_fused.reference import LOG_DECAY_MIN
 from gdn_fused.validation import BACKENDS, CHUNK_SIZES, MAX_HEAD_DIM, check_solve_method
 
 # exp(88.7) overflows fp32: clamping A_log below it keeps A = exp(A_log) finite, so
@@ -38,7 +39,6 @@ SOFTPLUS_ARG_MAX = 1e4
 # exp(-104) already rounds to 0 in fp32 (smallest subnormal 2^-149 ≈ e^-103.3), so a log-decay
 # clamped at -128 decays exactly like any stronger one, while a chunk's cumulative sum
 # (≤ 64 · 128 in magnitude) keeps ~1e-3 absolute precision for the differences G_i − G_j.
-LOG_DECAY_MIN = -128.0
 # Continuing from a cached state with at most this many tokens takes the recurrent op (one
 # launch, T rank-1 updates); longer continuations take the chunk op. 16 is the smallest chunk
 # size: below one chunk the chunked form pays its per-chunk setup for less than a chunk of work.
@@ -337,6 +337,8 @@ class GatedDeltaNet(nn.Module):
             if cu_seqlens is not None:
                 raise ValueError("packed sequences (cu_seqlens) cannot continue from a cache; "
                                  "decode them as a padded batch")
+        if T == 0:  # nothing to mix; the cache (if any) is left as it was
+            return hidden_states.new_zeros(B, 0, self.d_model)
 
         H, HV, K, V = self.num_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim
         gate_dim = self.value_dim if self.use_output_gate else 0

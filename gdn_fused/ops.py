@@ -5,10 +5,9 @@ import logging
 
 import torch
 
-from gdn_fused.reference import (chunk_gated_delta_rule_ref, l2norm,
+from gdn_fused.reference import (LOG_DECAY_MIN, chunk_gated_delta_rule_ref, l2norm,
                                  recurrent_gated_delta_rule_ref)
-from gdn_fused.validation import (check_device_for_backend, check_inputs, check_solve_method,
-                                  triton_interpreted)
+from gdn_fused.validation import check_device_for_backend, check_inputs, check_solve_method
 
 logger = logging.getLogger("gdn_fused")
 
@@ -49,6 +48,14 @@ def resolve_backend(backend: str, q: torch.Tensor, v: torch.Tensor, chunk_size: 
     return "materialized"
 
 
+def _check_layout_kwargs(kwargs):
+    """Extra keyword arguments are ignored (HF passes some), except fla's head-first layout:
+    ignoring it would silently transpose the result."""
+    if kwargs.get("head_first"):
+        raise ValueError("head_first=True is not supported: pass q, k, v as [B, T, H, K] "
+                         "(fla's default layout)")
+
+
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
                            output_final_state=False, cu_seqlens=None,
                            use_qk_l2norm_in_kernel=False, chunk_size=64, backend="auto",
@@ -63,7 +70,9 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
         q, k: ``[B, T, H, K]`` fp16/bf16/fp32 (fp64 on the torch backend).
         v: ``[B, T, HV, V]``, same dtype as q; HV a multiple of H, value head j reads q/k head
             ``j // (HV // H)`` (GVA).
-        g: ``[B, T, HV]`` per-token log-decay, natural log, ≤ 0, *not* cumulated.
+        g: ``[B, T, HV]`` per-token log-decay, natural log, ≤ 0, *not* cumulated; values below
+            ``LOG_DECAY_MIN`` = −128 (−inf included) act as −128, whose decay is already 0 in
+            fp32. Positive g is outside the contract and not checked (that would need a sync).
         beta: ``[B, T, HV]`` write strength, usually in (0, 1) (up to 2 with negative
             eigenvalues).
         scale: output scale, default ``K ** -0.5``.
@@ -82,25 +91,30 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
             method of :data:`gdn_fused.inverse.METHODS` (including the unstable "mch"). The
             fused backend runs "blocked" only and hands other methods to materialized.
         solve_iters: Newton–Schulz iterations (default 2·log2(chunk_size) + 2).
-        **kwargs: ignored (Hugging Face passes extra arguments).
+        **kwargs: ignored (Hugging Face passes extra arguments), except ``head_first=True``,
+            which raises.
 
     Returns:
-        ``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] fp32 or None)``.
+        ``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] fp32 — fp64 on the torch
+        backend with fp64 inputs — or None)``.
 
     Raises:
         TypeError / ValueError naming the argument, before any kernel launches, for wrong
-        shapes, dtypes, head counts, cu_seqlens, chunk_size or backend, and for a Triton
-        backend on CPU tensors without TRITON_INTERPRET=1.
+        shapes, dtypes, devices, head counts, cu_seqlens, chunk_size, scale or backend, for a
+        Triton backend on CPU tensors without TRITON_INTERPRET=1, on float64 data, or on bf16
+        under the interpreter, and for ``head_first=True``.
     """
+    _check_layout_kwargs(kwargs)
     check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_size, backend)
     backend = resolve_backend(backend, q, v, chunk_size)
     if backend == "fused" and solve_method != "blocked":
         logger.debug("gdn_fused: fused runs solve_method='blocked' only; using materialized")
         backend = "materialized"
     check_solve_method(backend, solve_method, solve_iters)
-    check_device_for_backend(backend, q.device)
+    check_device_for_backend(backend, q.device, q.dtype)
     if scale is None:
         scale = q.shape[-1] ** -0.5
+    g = g.clamp(min=LOG_DECAY_MIN)
     if backend == "torch":
         o, ht = chunk_gated_delta_rule_ref(q, k, v, g, beta, scale, initial_state,
                                            output_final_state, cu_seqlens,
@@ -122,7 +136,8 @@ def fused_recurrent_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, ini
 
     Same conventions, shapes and errors as :func:`chunk_gated_delta_rule`; g defaults to 0
     (no decay) and beta to 1. backend: "auto" (one Triton launch on CUDA, the torch recurrence
-    on CPU), "torch", or "triton" (CUDA, or CPU with TRITON_INTERPRET=1).
+    on CPU or when an input requires grad), "torch" (differentiable), or "triton" (CUDA, or
+    CPU with TRITON_INTERPRET=1; inference only: raises ValueError when gradients are needed).
 
     Returns ``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] fp32 or None)``."""
     if g is None and isinstance(v, torch.Tensor):
@@ -131,13 +146,20 @@ def fused_recurrent_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, ini
         beta = v.new_ones(v.shape[:3], dtype=torch.float32)
     if backend not in ("auto", "torch", "triton"):
         raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
+    _check_layout_kwargs(kwargs)
     check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, 64, "auto")
+    needs_grad = torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v, g, beta, initial_state))
     if backend == "auto":
-        backend = "triton" if q.device.type == "cuda" else "torch"
-    if backend == "triton" and q.device.type != "cuda" and not triton_interpreted():
-        raise ValueError("backend='triton' needs CUDA tensors, or TRITON_INTERPRET=1 on CPU")
+        # the Triton decode kernel has no backward: gradients go through the torch recurrence
+        backend = "triton" if q.device.type == "cuda" and not needs_grad else "torch"
+    if backend == "triton" and needs_grad:
+        raise ValueError("backend='triton' decode is inference-only (no backward); use "
+                         "backend='torch' or chunk_gated_delta_rule for gradients")
+    check_device_for_backend(backend, q.device, q.dtype)
     if scale is None:
         scale = q.shape[-1] ** -0.5
+    g = g.clamp(min=LOG_DECAY_MIN)  # as in the chunk op, so prefill and decode agree
     if backend == "torch":
         o, ht = recurrent_gated_delta_rule_ref(q, k, v, g, beta, scale, initial_state,
                                                output_final_state, cu_seqlens,

@@ -19,6 +19,10 @@ import torch
 import torch.nn.functional as F
 
 L2NORM_EPS = 1e-6  # flash-linear-attention's and transformers' l2norm epsilon
+# Floor of a per-token log-decay: e^-128 is 0 in fp32 (and bf16), so a lower g (−1e4, −inf)
+# decays exactly as much in those formats, while keeping the chunk's cumulative G small enough
+# that G_i − G_j keeps its precision and −inf − (−inf) never makes a NaN.
+LOG_DECAY_MIN = -128.0
 
 
 def l2norm(x: torch.Tensor, eps: float = L2NORM_EPS) -> torch.Tensor:
@@ -148,12 +152,13 @@ def chunk_gated_delta_rule_ref(q, k, v, g, beta, scale=None, initial_state=None,
             o_seq = v.new_zeros(v.shape[2], 0, v.shape[-1])
         outs.append((b, bos, eos, o_seq.transpose(0, 1)))
         finals.append(S)
-    o = torch.zeros_like(v)
     if cu_seqlens is None:
-        o = torch.stack([x[3] for x in outs], 0)
+        o = torch.stack([x[3] for x in outs], 0) if outs else torch.zeros_like(v)
     else:
         pieces = [x[3] for x in outs]
         tail = v.shape[1] - (segs[-1][2] if segs else 0)
         pieces.append(v.new_zeros(tail, v.shape[2], v.shape[-1]))
         o = torch.cat(pieces, 0).unsqueeze(0)
-    return o, (torch.stack(finals, 0) if output_final_state else None)
+    if not output_final_state:
+        return o, None
+    return o, (torch.stack(finals, 0) if finals else h0)

@@ -1,6 +1,7 @@
 """Argument checks shared by every entry point: each bad input raises before a kernel launches."""
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -52,8 +53,10 @@ def check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_size,
     for name, x in (("g", g), ("beta", beta)):
         if tuple(x.shape) != (B, T, HV):
             raise ValueError(f"{name} must be [B, T, HV] = {(B, T, HV)}, got {tuple(x.shape)}")
-    if scale is not None and not isinstance(scale, (int, float)):
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
         raise TypeError(f"scale must be a Python float or None, got {type(scale).__name__}")
+    if scale is not None and not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
     if chunk_size not in CHUNK_SIZES:
         raise ValueError(f"chunk_size must be one of {CHUNK_SIZES}, got {chunk_size!r}")
     devices = {x.device for x in (q, k, v, g, beta)}
@@ -66,6 +69,8 @@ def check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_size,
             raise TypeError(f"cu_seqlens must be a torch.Tensor, got {type(cu_seqlens).__name__}")
         if cu_seqlens.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"cu_seqlens must be int32 or int64, got {cu_seqlens.dtype}")
+        if cu_seqlens.device != q.device:
+            raise ValueError(f"cu_seqlens must be on q's device {q.device}, got {cu_seqlens.device}")
         if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
             raise ValueError("cu_seqlens must be 1-D with N+1 >= 2 offsets, got shape "
                              f"{tuple(cu_seqlens.shape)}")
@@ -83,18 +88,33 @@ def check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_size,
         N = cu_seqlens.numel() - 1
     if initial_state is not None:
         _tensor("initial_state", initial_state)
+        if initial_state.device != q.device:
+            raise ValueError(f"initial_state must be on q's device {q.device}, got "
+                             f"{initial_state.device}")
         if tuple(initial_state.shape) != (N, HV, K, V):
             raise ValueError(f"initial_state must be [N, HV, K, V] = {(N, HV, K, V)}, got "
                              f"{tuple(initial_state.shape)}")
     return N
 
 
-def check_device_for_backend(backend: str, device: torch.device):
-    """Triton backends need CUDA tensors, or CPU tensors under TRITON_INTERPRET=1."""
-    if backend in ("materialized", "fused") and device.type != "cuda" and not triton_interpreted():
+def check_device_for_backend(backend: str, device: torch.device, dtype: torch.dtype):
+    """Triton backends need CUDA tensors, or CPU tensors under TRITON_INTERPRET=1, and data in
+    fp16/bf16/fp32 (fp64 is the torch backend's, for references)."""
+    if backend not in ("materialized", "fused", "triton"):
+        return
+    if device.type != "cuda" and not triton_interpreted():
         raise ValueError(f"backend={backend!r} runs Triton kernels: it needs CUDA tensors, or CPU "
                          f"tensors with TRITON_INTERPRET=1; got tensors on {device}. Use "
                          "backend='torch' (or 'auto') on CPU.")
+    if dtype == torch.float64:
+        raise TypeError(f"backend={backend!r} takes fp16/bf16/fp32 q, k, v; float64 runs on "
+                        "backend='torch'")
+    if dtype == torch.bfloat16 and device.type != "cuda":
+        # Triton 3.6's interpreter computes bf16 tl.dot wrongly (off by ~1e10 on a 16×16
+        # product): refuse rather than return a wrong result
+        raise TypeError(f"backend={backend!r} under TRITON_INTERPRET=1 cannot take bfloat16 "
+                        "(Triton's interpreter mis-computes bf16 dots); use fp16/fp32 or "
+                        "backend='torch'")
 
 
 TRITON_SOLVE_METHODS = ("blocked", "mxr", "newton_schulz")

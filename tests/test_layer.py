@@ -362,3 +362,14 @@ def test_triton_backends_match_torch_backend(backend):
             a, b = (layer(x[:, s:e], past_key_values=c) for layer, c in zip((ref, tri), caches))
             assert (a - b).abs().max().item() < 1e-5 * a.abs().max().item(), (s, e)
     assert (caches[0].recurrent_states[0] - caches[1].recurrent_states[0]).abs().max() < 1e-5
+
+
+def test_empty_sequence_leaves_the_cache_alone():
+    layer = make_layer()
+    cache = GatedDeltaNetCache()
+    x = torch.randn(2, 5, D_MODEL, dtype=torch.float64)
+    layer(x, past_key_values=cache, use_cache=True)
+    conv, state = cache.conv_states[0].clone(), cache.recurrent_states[0].clone()
+    y = layer(x[:, :0], past_key_values=cache, use_cache=True)
+    assert y.shape == (2, 0, D_MODEL)
+    assert torch.equal(cache.conv_states[0], conv) and torch.equal(cache.recurrent_states[0], state)

@@ -37,6 +37,12 @@ def call(**over):
     (dict(chunk_size=48), ValueError, "chunk_size must be"),
     (dict(backend="flash"), ValueError, "backend must be"),
     (dict(scale="0.1"), TypeError, "scale must be"),
+    (dict(scale=True), TypeError, "scale must be"),
+    (dict(scale=float("nan")), ValueError, "scale must be finite"),
+    (dict(initial_state=torch.zeros(1, 4, 16, 8, device="meta")), ValueError,
+     "initial_state must be on"),
+    (dict(cu_seqlens=torch.tensor([0, 20], device="meta")), ValueError, "cu_seqlens must be on"),
+    (dict(head_first=True), ValueError, "head_first=True is not supported"),
 ])
 def test_bad_input(over, exc, match):
     with pytest.raises(exc, match=match):
@@ -51,6 +57,10 @@ def test_cu_seqlens_needs_batch_one():
 
 @pytest.mark.parametrize("backend", ["materialized", "fused"])
 def test_triton_backend_on_cpu_without_interpreter(monkeypatch, backend):
+    # Triton decides interpreted vs compiled when a kernel module is imported: import them
+    # under the interpreter first, or later tests would get compiled kernels on CPU
+    import gdn_fused.kernels.fused_fwd  # noqa: F401
+    import gdn_fused.kernels.materialized  # noqa: F401
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="needs CUDA tensors"):
         call(backend=backend)
@@ -72,3 +82,41 @@ def test_unknown_kwargs_ignored_and_empty_segment_passes_state():
                                    cu_seqlens=torch.tensor([0, 10, 10, 20]), head_first=False,
                                    backend="torch")
     assert torch.equal(ht[1], h0[1])  # the empty segment's state passes through unchanged
+
+
+@pytest.mark.parametrize("backend", ["materialized", "fused"])
+@pytest.mark.parametrize("dtype,match", [(torch.float64, "float64 runs on"),
+                                         (torch.bfloat16, "mis-computes bf16")])
+def test_triton_backend_dtypes(backend, dtype, match):
+    q, k, v, g, b, _ = make_inputs(1, 20, 2, 4, 16, 8, dtype)
+    with pytest.raises(TypeError, match=match):
+        chunk_gated_delta_rule(q, k, v, g, b, backend=backend)
+
+
+def test_recurrent_triton_refuses_gradients_and_auto_takes_torch():
+    args = good()
+    args["q"].requires_grad_()
+    with pytest.raises(ValueError, match="inference-only"):
+        fused_recurrent_gated_delta_rule(**args, backend="triton")
+    o, _ = fused_recurrent_gated_delta_rule(**args)  # auto: the differentiable recurrence
+    o.sum().backward()
+    assert args["q"].grad is not None and torch.isfinite(args["q"].grad).all()
+
+
+@pytest.mark.parametrize("backend", ["torch", "materialized", "fused"])
+def test_minus_inf_gate_resets_without_nan(backend):
+    """g = −inf (a full reset) acts as the floor −128: the state before it is forgotten."""
+    from tests.cases import rel_err, truth
+    q, k, v, g, b, h = make_inputs(1, 80, 1, 2, 16, 16, initial_state=True)
+    g[0, 30] = -torch.inf
+    o, ht = chunk_gated_delta_rule(q, k, v, g, b, initial_state=h, output_final_state=True,
+                                   backend=backend)
+    o_ref, ht_ref = truth(q, k, v, g.clamp(min=-1e4), b, h)
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+    assert rel_err(o, o_ref) <= 1e-5 and rel_err(ht, ht_ref) <= 1e-5
+
+
+def test_empty_batch_on_torch_backend():
+    q, k, v, g, b, _ = make_inputs(0, 20, 2, 4, 16, 8)
+    o, ht = chunk_gated_delta_rule(q, k, v, g, b, output_final_state=True, backend="torch")
+    assert o.shape == (0, 20, 4, 8) and ht.shape == (0, 4, 16, 8)
