@@ -130,15 +130,18 @@ def chunk_gated_delta_rule_ref(q, k, v, g, beta, scale=None, initial_state=None,
         qc, kc, vc = chunks(q), chunks(k), chunks(v)
         gc = chunks(g.unsqueeze(-1)).squeeze(-1)
         bc = chunks(beta.unsqueeze(-1)).squeeze(-1)
-        G = gc.cumsum(-1)  # [HV, NT, C]
-        diff = G[..., :, None] - G[..., None, :]
+        # G and its differences in fp64, exponentials in the compute dtype (as the kernels):
+        # a difference of fp32 prefix sums would lose ulp(|G|) after a very negative gate
+        G64 = gc.to(torch.float64).cumsum(-1)  # [HV, NT, C]
+        G = G64.to(dtype)
+        diff = (G64[..., :, None] - G64[..., None, :]).to(dtype)
         gamma_strict = torch.exp(torch.where(strict, diff, torch.full_like(diff, -torch.inf)))
         gamma_incl = torch.exp(torch.where(incl, diff, torch.full_like(diff, -torch.inf)))
         A = eye + bc[..., :, None] * gamma_strict * (kc @ kc.transpose(-1, -2))
         W, U = _apply_inverse(A, (bc * G.exp())[..., None] * kc, bc[..., None] * vc,
                               solve_method, solve_iters)
         attn = gamma_incl * (qc @ kc.transpose(-1, -2))
-        decay_out = (G[..., -1:] - G).exp()  # exp(G_C - G_i) ≤ 1
+        decay_out = (G64[..., -1:] - G64).to(dtype).exp()  # exp(G_C - G_i) ≤ 1
         o_chunks = []
         for c in range(G.shape[1]):
             v_new = U[:, c] - W[:, c] @ S

@@ -37,7 +37,8 @@ def chunk_output_kernel(q, k, v_new, h, G, o, cu_seqlens, chunk_indices, chunk_o
     p_vn = tl.make_block_ptr(v_new + (bos * HV + i_hv) * V, (seqlen, V), (HV * V, 1),
                              (i_t * BT, i_v * BV), (BT, BV), (1, 0))
     b_vn = tl.load(p_vn, boundary_check=(0, 1))
-    b_o = b_o * tl.exp(b_G)[:, None] + tl.dot(b_A.to(b_vn.dtype), b_vn, input_precision=DOT_PREC)
+    b_o = b_o * tl.exp(b_G.to(tl.float32))[:, None] + \
+        tl.dot(b_A.to(b_vn.dtype), b_vn, input_precision=DOT_PREC)
     p_o = tl.make_block_ptr(o + (bos * HV + i_hv) * V, (seqlen, V), (HV * V, 1),
                             (i_t * BT, i_v * BV), (BT, BV), (1, 0))
     tl.store(p_o, (b_o * scale).to(p_o.dtype.element_ty), boundary_check=(0, 1))

@@ -50,9 +50,11 @@ def chunk_state_kernel(k, w, u, G, h, v_new, h0, ht, cu_seqlens, chunk_offsets, 
         valid = (i_t * BT + o_i) < seqlen
         b_G = tl.load(G + (bos + i_t * BT + o_i) * HV + i_hv, mask=valid, other=0.)
         # decay each row to the chunk end; G_C − G_i ≤ 0, so the exp cannot overflow
-        b_vn = b_vn * tl.where(valid, tl.exp(tl.where(valid, b_G_last - b_G, 0.)), 0.)[:, None]
+        decay = (b_G_last - b_G).to(tl.float32)
+        b_vn = b_vn * tl.where(valid, tl.exp(tl.where(valid, decay, 0.)), 0.)[:, None]
         b_k = tl.load(p_k, boundary_check=(0, 1))
-        b_h = b_h * tl.exp(b_G_last) + tl.dot(b_k, b_vn.to(b_k.dtype), input_precision=DOT_PREC)
+        b_h = b_h * tl.exp(b_G_last.to(tl.float32)) + \
+            tl.dot(b_k, b_vn.to(b_k.dtype), input_precision=DOT_PREC)
     if STORE_FINAL_STATE:
         p_ht = tl.make_block_ptr(ht + p_state, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
         tl.store(p_ht, b_h, boundary_check=(0, 1))

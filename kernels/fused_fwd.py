@@ -133,14 +133,16 @@ def _chunk_gate_inverse(k, g, beta, n_valid, SUB: tl.constexpr):
     """Cumulative gate and UT-transform inverse of one chunk.
 
     k [C, K] in the input dtype, g, beta [C] fp32, all zero past the sequence end (row n_valid
-    on). Returns G [C] fp32 (cumulative log-decay) and T = (I + A)⁻¹ [C, C] fp32,
+    on). Returns G [C] fp64 (cumulative log-decay) and T = (I + A)⁻¹ [C, C] fp32,
     A = strictLower(D_beta (Γ ⊙ K Kᵀ))."""
     C: tl.constexpr = k.shape[0]
-    G = tl.cumsum(g, axis=0)
+    # G in fp64: decays are differences of G, which in fp32 lose ulp(|G|) once a very
+    # negative gate has made |G| large (the materialized path does the same, chunk_gate.py)
+    G = tl.cumsum(g.to(tl.float64), axis=0)
     rows = tl.arange(0, C)
     # select before the exp: G_i − G_j > 0 above the diagonal can overflow, and inf·0 is NaN
     strict = (rows[:, None] > rows[None, :]) & (rows < n_valid)[:, None]
-    gamma = tl.exp(tl.where(strict, G[:, None] - G[None, :], float("-inf")))
+    gamma = tl.exp(tl.where(strict, (G[:, None] - G[None, :]).to(tl.float32), float("-inf")))
     A = beta[:, None] * gamma * tl.dot(k, tl.trans(k), input_precision=IEEE)
     return G, _unit_lower_inverse(A, SUB)
 
@@ -155,23 +157,23 @@ def _delta_values(T, k, v, G, beta, S, STATE_PRECISION: tl.constexpr):
     K S takes S rounded to the input dtype; T·(…) stays on fp32 operands at STATE_PRECISION
     (its rounding feeds the state directly: docs/fused_design.md, precision)."""
     ks = tl.dot(k, S.to(k.dtype), input_precision=IEEE)
-    r = beta[:, None] * (v.to(tl.float32) - tl.exp(G)[:, None] * ks)
+    r = beta[:, None] * (v.to(tl.float32) - tl.exp(G.to(tl.float32))[:, None] * ks)
     return tl.dot(T, r, input_precision=STATE_PRECISION)
 
 
 @triton.jit
 def _state_step(S, k, G, v_new, STATE_PRECISION: tl.constexpr):
     """S ← exp(G_C) S + Kᵀ (D_exp(G_C − G) V') for one chunk: S [K, BV] fp32, k [C, K],
-    G [C] fp32 (G_C its last entry: padded rows have g = 0), v_new [C, BV] fp32.
+    G [C] fp64 (G_C its last entry: padded rows have g = 0), v_new [C, BV] fp32.
 
     The decay is applied to V' rather than to K, so K enters unscaled (exactly, widened to
     fp32) and no scaled copy of it stays live; the product runs on fp32 operands at
     STATE_PRECISION because its rounding accumulates in the state."""
     C: tl.constexpr = k.shape[0]
     G_C = tl.sum(tl.where(tl.arange(0, C) == C - 1, G, 0.0), axis=0)
-    v_decayed = v_new * tl.exp(G_C - G)[:, None]
+    v_decayed = v_new * tl.exp((G_C - G).to(tl.float32))[:, None]
     kv = tl.dot(tl.trans(k.to(tl.float32)), v_decayed, input_precision=STATE_PRECISION)
-    return S * tl.exp(G_C) + kv
+    return S * tl.exp(G_C.to(tl.float32)) + kv
 
 
 @triton.jit
@@ -288,9 +290,11 @@ def _fused_fwd_kernel(q, k, v, g, beta, o, h0, ht, seg_maps, cu_seqlens, scale, 
 
         qk = tl.dot(b_q, tl.trans(b_k), input_precision=IEEE)
         causal = (rows[:, None] >= rows[None, :]) & valid[:, None]
-        attn = tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf"))) * qk * scale
+        attn = tl.exp(tl.where(causal, (G[:, None] - G[None, :]).to(tl.float32),
+                               float("-inf"))) * qk * scale
         # gate rows after the product: q stays the loaded tile (no scaled copy in registers)
-        b_o = (scale * tl.exp(G))[:, None] * tl.dot(b_q, S.to(b_k.dtype), input_precision=IEEE)
+        b_o = (scale * tl.exp(G.to(tl.float32)))[:, None] * \
+            tl.dot(b_q, S.to(b_k.dtype), input_precision=IEEE)
         b_o += tl.dot(attn.to(b_k.dtype), v_new.to(b_k.dtype), input_precision=IEEE)
         tl.store(o + tok[:, None] * (HV * V) + o_v[None, :], b_o.to(o.dtype.element_ty),
                  mask=valid[:, None])

@@ -292,7 +292,7 @@ def kkt_solve_from_k(k, G, beta, num_value_heads, chunk_size, output_dtype=torch
                      solve_method="blocked", solve_iters=None, num_warps=1,
                      diag="substitution"):
     """The fused kkt variant: T = (I + strictLower(diag(β)(Γ ⊙ K Kᵀ)))⁻¹ built from k [B,T,H,K],
-    G (chunk-cumulated, fp32) and beta [B,T,HV] on chip, without writing A to HBM.
+    G (chunk-cumulated, fp64) and beta [B,T,HV] on chip, without writing A to HBM.
 
     Returns T [B, T, HV, chunk_size] in ``output_dtype``; equals kkt_solve(chunk_kkt(...))."""
     B, T, H, K = k.shape

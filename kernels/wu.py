@@ -28,7 +28,7 @@ def wu_kernel(k, v, G, beta, Ai, w, u, cu_seqlens, chunk_indices, T, H: tl.const
     p_w = tl.make_block_ptr(w + (bos * HV + i_hv) * K, (seqlen, K), (HV * K, 1), (i_t * BT, 0),
                             (BT, BK), (1, 0))
     b_k = tl.load(p_k, boundary_check=(0, 1)).to(tl.float32)
-    b_kb = (b_k * (b_beta * tl.exp(b_G))[:, None]).to(k.dtype.element_ty)
+    b_kb = (b_k * (b_beta * tl.exp(b_G.to(tl.float32)))[:, None]).to(k.dtype.element_ty)
     tl.store(p_w, tl.dot(b_T, b_kb, input_precision=DOT_PREC).to(w.dtype.element_ty),
              boundary_check=(0, 1))
     for i_v in range(tl.cdiv(V, BV)):

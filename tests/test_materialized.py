@@ -120,3 +120,15 @@ def test_materialized_gpu_bf16_qwen_layer():
     eo, es = rel_err(o, o_ref), rel_err(ht, ht_ref)
     print(f"materialized bf16 qwen-layer T=8192: o {eo:.2e} state {es:.2e}")
     assert eo <= GPU_BOUND["o"] and es <= GPU_BOUND["state"]
+
+
+@pytest.mark.parametrize("backend", ["torch", "materialized", "fused"])
+def test_very_negative_gates_mixed_with_ordinary_ones(backend):
+    """g = −1e4 at every third token: the chunk's cumulative G reaches −2700 (after the −128
+    floor), so an fp32 G_i − G_j would lose ~2e-4; G is cumulated in fp64."""
+    q, k, v, g, b, h = make_inputs(1, 200, 1, 2, 64, 64, initial_state=True)
+    g[0, ::3] = -1e4
+    o, ht = chunk_gated_delta_rule(q, k, v, g, b, initial_state=h, output_final_state=True,
+                                   backend=backend)
+    o_ref, ht_ref = truth(q, k, v, g, b, h)
+    assert rel_err(o, o_ref) <= 1e-6 and rel_err(ht, ht_ref) <= 1e-6
