@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from gdn_fused.kernels.chunk_gate_bwd import chunk_log_decay, decay
-from gdn_fused.kernels.chunk_index import first_chunk, sequence_program
+from gdn_fused.kernels.chunk_index import load_state_tile, state_program
 from gdn_fused.kernels.chunk_state import state_blocks
 
 
@@ -32,17 +32,11 @@ def chunk_bwd_state_kernel(q, k, w, g, do, dv_local, dh, dv2, dht, dh0, cu_seqle
                            BV: tl.constexpr, USE_FINAL_STATE_GRAD: tl.constexpr,
                            STORE_INITIAL_STATE_GRAD: tl.constexpr, IS_VARLEN: tl.constexpr,
                            DOT_PREC: tl.constexpr):
-    i_v, i_nh = tl.program_id(0), tl.program_id(1)
-    i_n, i_hv = i_nh // HV, i_nh % HV
-    i_h = i_hv // (HV // H)
-    bos, seqlen = sequence_program(i_n, T, cu_seqlens, IS_VARLEN)
-    NT = tl.cdiv(seqlen, BT)
-    boh = first_chunk(i_n, T, chunk_offsets, BT, IS_VARLEN)
-    p_state = (i_n * HV + i_hv) * K * V
+    i_v, i_n, i_hv, i_h, bos, seqlen, NT, boh, p_state = state_program(
+        T, cu_seqlens, chunk_offsets, H, HV, K, V, BT, IS_VARLEN)
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_FINAL_STATE_GRAD:
-        p_dht = tl.make_block_ptr(dht + p_state, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
-        b_dh = tl.load(p_dht, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+        b_dh = load_state_tile(dht, p_state, i_v, K, V, BK, BV)
     o_i = tl.arange(0, BT)
     for i_r in range(NT):
         i_t = NT - 1 - i_r

@@ -87,3 +87,24 @@ def first_chunk(i_n, T, chunk_offsets, BT: tl.constexpr, IS_VARLEN: tl.constexpr
     else:
         boh = i_n * tl.cdiv(T, BT)
     return boh
+
+
+@triton.jit
+def state_program(T, cu_seqlens, chunk_offsets, H: tl.constexpr, HV: tl.constexpr,
+                  K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """Program (V-block, sequence · value head) of a kernel sequential over chunks: returns
+    (i_v, i_n, i_hv, i_h, first row, length, chunk count, first global chunk, state offset)."""
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    bos, seqlen = sequence_program(i_n, T, cu_seqlens, IS_VARLEN)
+    boh = first_chunk(i_n, T, chunk_offsets, BT, IS_VARLEN)
+    return (i_v, i_n, i_hv, i_hv // (HV // H), bos, seqlen, tl.cdiv(seqlen, BT), boh,
+            (i_n * HV + i_hv) * K * V)
+
+
+@triton.jit
+def load_state_tile(ptr, p_state, i_v, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+                    BV: tl.constexpr):
+    """The [BK, BV] fp32 tile (rows 0.., columns i_v·BV..) of a [K, V] state at ptr + p_state."""
+    p = tl.make_block_ptr(ptr + p_state, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+    return tl.load(p, boundary_check=(0, 1), padding_option="zero").to(tl.float32)

@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_fused.kernels.chunk_index import first_chunk, sequence_program, sm_count
+from gdn_fused.kernels.chunk_index import load_state_tile, sm_count, state_program
 
 
 @triton.jit
@@ -17,17 +17,11 @@ def chunk_state_kernel(k, w, u, G, h, v_new, h0, ht, cu_seqlens, chunk_offsets, 
                        BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                        USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
                        IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr):
-    i_v, i_nh = tl.program_id(0), tl.program_id(1)
-    i_n, i_hv = i_nh // HV, i_nh % HV
-    i_h = i_hv // (HV // H)
-    bos, seqlen = sequence_program(i_n, T, cu_seqlens, IS_VARLEN)
-    NT = tl.cdiv(seqlen, BT)
-    boh = first_chunk(i_n, T, chunk_offsets, BT, IS_VARLEN)
-    p_state = (i_n * HV + i_hv) * K * V
+    i_v, i_n, i_hv, i_h, bos, seqlen, NT, boh, p_state = state_program(
+        T, cu_seqlens, chunk_offsets, H, HV, K, V, BT, IS_VARLEN)
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_INITIAL_STATE:
-        p_h0 = tl.make_block_ptr(h0 + p_state, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
-        b_h = tl.load(p_h0, boundary_check=(0, 1)).to(tl.float32)
+        b_h = load_state_tile(h0, p_state, i_v, K, V, BK, BV)
     o_i = tl.arange(0, BT)
     for i_t in range(NT):
         p_h = tl.make_block_ptr(h + ((boh + i_t).to(tl.int64) * HV + i_hv) * K * V, (K, V), (V, 1),
