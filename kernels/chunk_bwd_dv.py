@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from gdn_fused.kernels.chunk_gate_bwd import chunk_log_decay, decay_between
-from gdn_fused.kernels.chunk_index import chunk_program
+from gdn_fused.kernels.chunk_index import chunk_head_program
 
 
 @triton.jit
@@ -19,10 +19,8 @@ def chunk_bwd_dv_local_kernel(q, k, g, do, dv, cu_seqlens, chunk_indices, scale,
                               V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                               BV: tl.constexpr, IS_VARLEN: tl.constexpr,
                               DOT_PREC: tl.constexpr):
-    i_t, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
-    _, i_t, bos, seqlen = chunk_program(i_t, i_b, T, cu_seqlens, chunk_indices, IS_VARLEN)
+    i_t, i_hv, i_h, bos, seqlen = chunk_head_program(T, cu_seqlens, chunk_indices, H, HV,
+                                                     IS_VARLEN)
     p_q = tl.make_block_ptr(q + (bos * H + i_h) * K, (seqlen, K), (H * K, 1), (i_t * BT, 0),
                             (BT, BK), (1, 0))
     p_k = tl.make_block_ptr(k + (bos * H + i_h) * K, (seqlen, K), (H * K, 1), (i_t * BT, 0),

@@ -8,15 +8,14 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_fused.kernels.chunk_index import chunk_program
+from gdn_fused.kernels.chunk_index import chunk_head_program
 
 
 @triton.jit
 def chunk_cumsum_kernel(g, G, cu_seqlens, chunk_indices, T, HV: tl.constexpr, BT: tl.constexpr,
                         IS_VARLEN: tl.constexpr):
-    i_t, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    _, i_t, bos, seqlen = chunk_program(i_t, i_b, T, cu_seqlens, chunk_indices, IS_VARLEN)
+    i_t, i_hv, _, bos, seqlen = chunk_head_program(T, cu_seqlens, chunk_indices, HV, HV,
+                                                   IS_VARLEN)
     p_g = tl.make_block_ptr(g + bos * HV + i_hv, (seqlen,), (HV,), (i_t * BT,), (BT,), (0,))
     p_G = tl.make_block_ptr(G + bos * HV + i_hv, (seqlen,), (HV,), (i_t * BT,), (BT,), (0,))
     # rows past the sequence end load g = 0, so G stays flat there: G[C-1] == G at the last row

@@ -68,6 +68,17 @@ def chunk_program(i_t, i_b, T, cu_seqlens, chunk_indices, IS_VARLEN: tl.constexp
 
 
 @triton.jit
+def chunk_head_program(T, cu_seqlens, chunk_indices, H: tl.constexpr, HV: tl.constexpr,
+                       IS_VARLEN: tl.constexpr):
+    """Program (chunk, batch · value head) of a chunk-parallel kernel: returns (chunk index in
+    its sequence, value head, q/k head it reads (GVA), first token row, sequence length)."""
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    _, i_t, bos, seqlen = chunk_program(i_t, i_b, T, cu_seqlens, chunk_indices, IS_VARLEN)
+    return i_t, i_hv, i_hv // (HV // H), bos, seqlen
+
+
+@triton.jit
 def sequence_program(i_n, T, cu_seqlens, IS_VARLEN: tl.constexpr):
     """First token row and length of sequence i_n (dense: batch row i_n)."""
     if IS_VARLEN:

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_fused.kernels.chunk_index import chunk_program
+from gdn_fused.kernels.chunk_index import chunk_head_program
 from gdn_fused.kernels.kkt import gated_decay
 
 BLOCK = 16  # base block: the smallest tl.dot tile, and 15 substitution steps
@@ -166,10 +166,8 @@ def kkt_solve_kernel(A, k, G, beta, Ai, cu_seqlens, chunk_indices, T, H: tl.cons
                      HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                      IS_VARLEN: tl.constexpr, BUILD: tl.constexpr, METHOD: tl.constexpr,
                      NS_ITERS: tl.constexpr, DOT_PREC: tl.constexpr, DIAG: tl.constexpr):
-    i_t, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
-    _, i_t, bos, seqlen = chunk_program(i_t, i_b, T, cu_seqlens, chunk_indices, IS_VARLEN)
+    i_t, i_hv, i_h, bos, seqlen = chunk_head_program(T, cu_seqlens, chunk_indices, H, HV,
+                                                     IS_VARLEN)
     t_base = Ai + (bos * HV + i_hv) * BT
     S: tl.constexpr = HV * BT  # row stride of A and T
     if METHOD == "newton_schulz":

@@ -3,7 +3,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_fused.kernels.chunk_index import chunk_program
+from gdn_fused.kernels.chunk_index import chunk_head_program
 
 
 @triton.jit
@@ -11,10 +11,8 @@ def wu_kernel(k, v, G, beta, Ai, w, u, cu_seqlens, chunk_indices, T, H: tl.const
               HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
               BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr,
               DOT_PREC: tl.constexpr):
-    i_t, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
-    _, i_t, bos, seqlen = chunk_program(i_t, i_b, T, cu_seqlens, chunk_indices, IS_VARLEN)
+    i_t, i_hv, i_h, bos, seqlen = chunk_head_program(T, cu_seqlens, chunk_indices, H, HV,
+                                                     IS_VARLEN)
     p_T = tl.make_block_ptr(Ai + (bos * HV + i_hv) * BT, (seqlen, BT), (HV * BT, 1),
                             (i_t * BT, 0), (BT, BT), (1, 0))
     p_G = tl.make_block_ptr(G + bos * HV + i_hv, (seqlen,), (HV,), (i_t * BT,), (BT,), (0,))

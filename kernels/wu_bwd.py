@@ -19,7 +19,7 @@ import triton.language as tl
 
 from gdn_fused.kernels.chunk_bwd_dqkwg import key_block
 from gdn_fused.kernels.chunk_gate_bwd import chunk_gate_bwd, chunk_log_decay, decay
-from gdn_fused.kernels.chunk_index import chunk_program
+from gdn_fused.kernels.chunk_index import chunk_head_program
 from gdn_fused.kernels.kkt_bwd import gated_kkt_bwd_gates, gated_kkt_bwd_keys, kkt_solve_bwd
 
 
@@ -28,10 +28,8 @@ def wu_bwd_kernel(k, v, g, beta, Ai, dw, dv2, dk, dg_part, dv, dbeta, dg, cu_seq
                   chunk_indices, T, NK: tl.constexpr, H: tl.constexpr, HV: tl.constexpr,
                   K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                   BV: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr):
-    i_t, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
-    _, i_t, bos, seqlen = chunk_program(i_t, i_b, T, cu_seqlens, chunk_indices, IS_VARLEN)
+    i_t, i_hv, i_h, bos, seqlen = chunk_head_program(T, cu_seqlens, chunk_indices, H, HV,
+                                                     IS_VARLEN)
     p_T = tl.make_block_ptr(Ai + (bos * HV + i_hv) * BT, (seqlen, BT), (HV * BT, 1),
                             (i_t * BT, 0), (BT, BT), (1, 0))
     p_b = tl.make_block_ptr(beta + bos * HV + i_hv, (seqlen,), (HV,), (i_t * BT,), (BT,), (0,))
