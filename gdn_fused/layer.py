@@ -27,7 +27,7 @@ from torch import nn
 from gdn_fused.cache import as_layer_cache
 from gdn_fused.ops import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 from gdn_fused.reference import LOG_DECAY_MIN
-from gdn_fused.validation import BACKENDS, CHUNK_SIZES, MAX_HEAD_DIM, check_solve_method
+from gdn_fused.validation import BACKENDS, MAX_HEAD_DIM, as_chunk_size, check_solve_method
 
 # exp(88.7) overflows fp32: clamping A_log below it keeps A = exp(A_log) finite, so
 # A · softplus(·) can never be inf · 0.
@@ -181,7 +181,7 @@ class GatedDeltaNet(nn.Module):
         backend: chunk op backend, "auto" | "torch" | "materialized" | "fused" (see
             :func:`gdn_fused.chunk_gated_delta_rule`); decode uses the recurrent op with
             "torch" for backend "torch" and one Triton launch otherwise ("auto": torch on CPU).
-        chunk_size: 16, 32 or 64, the chunk op's chunk.
+        chunk_size: 16, 32 or 64, the chunk op's chunk (an int, as there).
         solve_method, solve_iters: the chunk op's kkt_solve inverse method and iteration count.
         device, dtype: of the parameters.
 
@@ -190,7 +190,8 @@ class GatedDeltaNet(nn.Module):
     ``norm.weight [V]``, ``out_proj.weight [d_model, HV·V]``; no biases.
 
     Raises:
-        ValueError naming the argument for a bad constructor argument.
+        ValueError naming the argument for a bad constructor argument; TypeError for a
+        chunk_size that is not an int.
     """
 
     def __init__(self, d_model: int, num_heads: int, num_v_heads: int | None = None,
@@ -223,8 +224,7 @@ class GatedDeltaNet(nn.Module):
             _check_int("layer_idx", layer_idx, 0)
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        if chunk_size not in CHUNK_SIZES:
-            raise ValueError(f"chunk_size must be one of {CHUNK_SIZES}, got {chunk_size!r}")
+        chunk_size = as_chunk_size(chunk_size)
         # "auto" may resolve to torch, which implements every method; a method the Triton
         # backends lack is then refused by the op when it runs on CUDA
         check_solve_method("torch" if backend == "auto" else backend, solve_method, solve_iters)

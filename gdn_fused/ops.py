@@ -7,7 +7,8 @@ import torch
 
 from gdn_fused.reference import (LOG_DECAY_MIN, chunk_gated_delta_rule_ref, l2norm,
                                  recurrent_gated_delta_rule_ref)
-from gdn_fused.validation import check_device_for_backend, check_inputs, check_solve_method
+from gdn_fused.validation import (as_chunk_size, check_device_for_backend, check_inputs,
+                                  check_solve_method)
 
 logger = logging.getLogger("gdn_fused")
 
@@ -83,7 +84,8 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
             segments are legal (their state passes through); a buffer longer than
             ``cu_seqlens[-1]`` gets o = 0 in its tail.
         use_qk_l2norm_in_kernel: L2-normalise q and k (fp32, eps 1e-6) inside the op.
-        chunk_size: 16, 32 or 64.
+        chunk_size: 16, 32 or 64, an int (numpy integer scalars are taken; floats, bools and
+            tensors raise TypeError).
         backend: "auto" | "torch" | "materialized" | "fused". auto: materialized on CUDA
             (fused once it is measured faster: see ``AUTO_PICKS_FUSED``), torch on CPU.
         solve_method: the kkt_solve inverse (seed 001, Table 2): "blocked" (default, stable);
@@ -105,7 +107,8 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
         under the interpreter, and for ``head_first=True``.
     """
     _check_layout_kwargs(kwargs)
-    check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_size, backend)
+    check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, backend)
+    chunk_size = as_chunk_size(chunk_size)
     backend = resolve_backend(backend, q, v, chunk_size)
     if backend == "fused" and solve_method != "blocked":
         logger.debug("gdn_fused: fused runs solve_method='blocked' only; using materialized")
@@ -147,7 +150,7 @@ def fused_recurrent_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, ini
     if backend not in ("auto", "torch", "triton"):
         raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
     _check_layout_kwargs(kwargs)
-    check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, 64, "auto")
+    check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, "auto")
     needs_grad = torch.is_grad_enabled() and any(
         isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v, g, beta, initial_state))
     if backend == "auto":

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 import os
 
 import torch
@@ -24,7 +26,26 @@ def _tensor(name, x):
         raise TypeError(f"{name} must be a floating tensor (fp16/bf16/fp32/fp64), got {x.dtype}")
 
 
-def check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_size, backend):
+def as_int(name: str, value) -> int:
+    """``value`` as a Python int: an int or a numpy integer scalar (``numbers.Integral``).
+
+    Raises TypeError naming ``name`` for anything else: a float such as 64.0, a bool (an int
+    subclass, but never a count), a tensor or array (a 0-d integer tensor has ``__index__``, yet
+    would reach a kernel as a tensor)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    return operator.index(value)
+
+
+def as_chunk_size(chunk_size) -> int:
+    """The chunk size as a Python int in ``CHUNK_SIZES``; TypeError / ValueError naming it."""
+    chunk_size = as_int("chunk_size", chunk_size)
+    if chunk_size not in CHUNK_SIZES:
+        raise ValueError(f"chunk_size must be one of {CHUNK_SIZES}, got {chunk_size!r}")
+    return chunk_size
+
+
+def check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, backend):
     """Validate the functional API's arguments (shapes as in :mod:`gdn_fused.ops`).
 
     Returns the number of sequences N. Raises ValueError/TypeError naming the argument."""
@@ -57,8 +78,6 @@ def check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_size,
         raise TypeError(f"scale must be a Python float or None, got {type(scale).__name__}")
     if scale is not None and not math.isfinite(scale):
         raise ValueError(f"scale must be finite, got {scale}")
-    if chunk_size not in CHUNK_SIZES:
-        raise ValueError(f"chunk_size must be one of {CHUNK_SIZES}, got {chunk_size!r}")
     devices = {x.device for x in (q, k, v, g, beta)}
     if len(devices) != 1:
         raise ValueError(f"q, k, v, g, beta must be on one device, got {sorted(map(str, devices))}")

@@ -1,8 +1,9 @@
 """Every bad input raises ValueError/TypeError naming the argument, before any kernel runs."""
+import numpy as np
 import pytest
 import torch
 
-from gdn_fused import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+from gdn_fused import GatedDeltaNet, chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 from tests.cases import make_inputs
 
 
@@ -120,3 +121,18 @@ def test_empty_batch_on_torch_backend():
     q, k, v, g, b, _ = make_inputs(0, 20, 2, 4, 16, 8)
     o, ht = chunk_gated_delta_rule(q, k, v, g, b, output_final_state=True, backend="torch")
     assert o.shape == (0, 20, 4, 8) and ht.shape == (0, 4, 16, 8)
+
+
+@pytest.mark.parametrize("chunk_size", [64.0, True, torch.tensor(64), np.array(64), np.float64(64)])
+def test_chunk_size_must_be_an_int(chunk_size):
+    with pytest.raises(TypeError, match="chunk_size must be an int"):
+        call(chunk_size=chunk_size)
+    with pytest.raises(TypeError, match="chunk_size must be an int"):
+        GatedDeltaNet(32, 2, head_k_dim=16, head_v_dim=16, chunk_size=chunk_size)
+
+
+def test_numpy_integer_chunk_size_is_taken_as_int():
+    o, _ = call(chunk_size=np.int64(16))
+    assert torch.equal(o, call(chunk_size=16)[0])
+    layer = GatedDeltaNet(32, 2, head_k_dim=16, head_v_dim=16, chunk_size=np.int32(32))
+    assert type(layer.chunk_size) is int and layer.chunk_size == 32
