@@ -63,7 +63,11 @@ def check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, backend):
     if v.shape[:2] != (B, T):
         raise ValueError(f"v must be [B={B}, T={T}, HV, V] like q, got {tuple(v.shape)}")
     HV, V = v.shape[2], v.shape[3]
-    if H == 0 or HV % H != 0:
+    for name, heads in (("q.shape[2] (H, the number of q/k heads)", H),
+                        ("v.shape[2] (HV, the number of value heads)", HV)):
+        if heads < 1:
+            raise ValueError(f"{name} must be >= 1, got {heads}")
+    if HV % H != 0:
         raise ValueError(f"the number of value heads HV={HV} (v.shape[2]) must be a multiple of "
                          f"the number of q/k heads H={H} (q.shape[2])")
     if K > MAX_HEAD_DIM or V > MAX_HEAD_DIM or K < 1 or V < 1:
