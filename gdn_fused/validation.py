@@ -4,7 +4,6 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-import os
 
 import torch
 
@@ -15,8 +14,13 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def triton_interpreted() -> bool:
-    """True when TRITON_INTERPRET=1: Triton kernels then run on CPU tensors (numpy semantics)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    """True when Triton runs kernels in its interpreter (on CPU tensors, numpy semantics).
+
+    Asks Triton's own knob rather than parsing TRITON_INTERPRET here: Triton 3.6 reads it with
+    its C++ getenv_bool (case-insensitive 1/true/on/yes/y are on, anything else off), and a
+    program may also set ``triton.knobs.runtime.interpret`` directly."""
+    from triton import knobs  # on first use: `import gdn_fused` does not load Triton
+    return bool(knobs.runtime.interpret)
 
 
 def _tensor(name, x):

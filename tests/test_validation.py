@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from gdn_fused import GatedDeltaNet, chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+from gdn_fused.validation import triton_interpreted
 from tests.cases import make_inputs
 
 
@@ -140,3 +141,13 @@ def test_numpy_integer_chunk_size_is_taken_as_int():
     assert torch.equal(o, call(chunk_size=16)[0])
     layer = GatedDeltaNet(32, 2, head_k_dim=16, head_v_dim=16, chunk_size=np.int32(32))
     assert type(layer.chunk_size) is int and layer.chunk_size == 32
+
+
+@pytest.mark.parametrize("value,on", [("1", True), ("true", True), ("ON", True), ("Yes", True),
+                                      ("0", False), ("", False), ("false", False),
+                                      ("OFF", False), ("no", False)])
+def test_triton_interpreted_reads_the_variable_like_triton(monkeypatch, value, on):
+    from triton._C.libtriton import getenv_bool
+    monkeypatch.setenv("TRITON_INTERPRET", value)
+    assert triton_interpreted() is on
+    assert getenv_bool("TRITON_INTERPRET", False) is on  # Triton 3.6's own reading
