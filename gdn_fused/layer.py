@@ -182,7 +182,8 @@ class GatedDeltaNet(nn.Module):
             :func:`gdn_fused.chunk_gated_delta_rule`); decode uses the recurrent op with
             "torch" for backend "torch" and one Triton launch otherwise ("auto": torch on CPU).
         chunk_size: 16, 32 or 64, the chunk op's chunk (an int, as there).
-        solve_method, solve_iters: the chunk op's kkt_solve inverse method and iteration count.
+        solve_method, solve_iters: the chunk op's kkt_solve inverse method and Newton–Schulz
+            iteration count (same rules as there).
         device, dtype: of the parameters.
 
     Parameters: ``in_proj.weight [2HK + HV·V (+ HV·V) + 2HV, d_model]`` (row layout in the
@@ -191,7 +192,7 @@ class GatedDeltaNet(nn.Module):
 
     Raises:
         ValueError naming the argument for a bad constructor argument; TypeError for a
-        chunk_size that is not an int.
+        chunk_size or solve_iters that is not an int.
     """
 
     def __init__(self, d_model: int, num_heads: int, num_v_heads: int | None = None,
@@ -227,7 +228,8 @@ class GatedDeltaNet(nn.Module):
         chunk_size = as_chunk_size(chunk_size)
         # "auto" may resolve to torch, which implements every method; a method the Triton
         # backends lack is then refused by the op when it runs on CUDA
-        check_solve_method("torch" if backend == "auto" else backend, solve_method, solve_iters)
+        solve_iters = check_solve_method("torch" if backend == "auto" else backend, solve_method,
+                                         solve_iters)
 
         self.d_model, self.num_heads, self.num_v_heads = d_model, num_heads, num_v_heads
         self.head_k_dim, self.head_v_dim = head_k_dim, head_v_dim

@@ -92,7 +92,9 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
             the Triton backends also take "mxr" and "newton_schulz", the torch backend every
             method of :data:`gdn_fused.inverse.METHODS` (including the unstable "mch"). The
             fused backend runs "blocked" only and hands other methods to materialized.
-        solve_iters: Newton–Schulz iterations (default 2·log2(chunk_size) + 2).
+        solve_iters: Newton–Schulz iterations, a positive int (default 2·log2(chunk_size) + 2);
+            only for the Newton–Schulz methods, None for every other one ("mxr" runs without
+            refinement of its block inverses, on every backend).
         **kwargs: ignored (Hugging Face passes extra arguments), except ``head_first=True``,
             which raises.
 
@@ -102,7 +104,8 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
 
     Raises:
         TypeError / ValueError naming the argument, before any kernel launches, for wrong
-        shapes, dtypes, devices, head counts, cu_seqlens, chunk_size, scale or backend, for a
+        shapes, dtypes, devices, head counts, cu_seqlens, chunk_size, scale, backend,
+        solve_method or solve_iters (the same rules on every backend, also for T = 0), for a
         Triton backend on CPU tensors without TRITON_INTERPRET=1, on float64 data, or on bf16
         under the interpreter, and for ``head_first=True``.
     """
@@ -113,7 +116,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
     if backend == "fused" and solve_method != "blocked":
         logger.debug("gdn_fused: fused runs solve_method='blocked' only; using materialized")
         backend = "materialized"
-    check_solve_method(backend, solve_method, solve_iters)
+    solve_iters = check_solve_method(backend, solve_method, solve_iters)
     check_device_for_backend(backend, q.device, q.dtype)
     if scale is None:
         scale = q.shape[-1] ** -0.5

@@ -147,15 +147,29 @@ def check_device_for_backend(backend: str, device: torch.device, dtype: torch.dt
 TRITON_SOLVE_METHODS = ("blocked", "mxr", "newton_schulz")
 
 
-def check_solve_method(backend: str, solve_method, solve_iters):
-    """The inverse methods each backend implements (torch: all of gdn_fused.inverse)."""
-    if backend == "torch":
-        from gdn_fused.inverse import METHODS
-        allowed = tuple(METHODS)
-    else:
-        allowed = TRITON_SOLVE_METHODS
+def check_solve_method(backend: str, solve_method, solve_iters) -> int | None:
+    """Check the kkt_solve inverse method for ``backend`` (torch: every method of
+    gdn_fused.inverse; Triton: ``TRITON_SOLVE_METHODS``) and its iteration count; returns
+    solve_iters as a Python int, or None.
+
+    The same rules on every backend: solve_iters is None (the method's default) or a positive
+    int (not a bool), and only for the iterative methods (``METHODS[m].kind == "iterative"``,
+    the Newton–Schulz ones), whose iteration count it is. A direct method takes none; "mxr"
+    runs with r = 0 refinement steps on its block inverses (paper Alg. 2), the one variant the
+    Triton kernel has; refined "mxr" is :func:`gdn_fused.inverse.invert_unit_lower`'s."""
+    from gdn_fused.inverse import METHODS
+    allowed = tuple(METHODS) if backend == "torch" else TRITON_SOLVE_METHODS
     if solve_method not in allowed:
         raise ValueError(f"solve_method must be one of {allowed} on backend {backend!r}, got "
                          f"{solve_method!r}")
-    if solve_iters is not None and (not isinstance(solve_iters, int) or solve_iters < 0):
-        raise ValueError(f"solve_iters must be a non-negative int or None, got {solve_iters!r}")
+    if solve_iters is None:
+        return None
+    solve_iters = as_int("solve_iters", solve_iters)
+    if solve_iters < 1:
+        raise ValueError(f"solve_iters must be a positive int or None, got {solve_iters}")
+    if METHODS[solve_method].kind != "iterative":
+        iterative = [m for m in allowed if METHODS[m].kind == "iterative"]
+        raise ValueError(f"solve_iters is the iteration count of {', '.join(iterative)}; "
+                         f"solve_method={solve_method!r} takes none, so solve_iters must be "
+                         f"None, got {solve_iters}")
+    return solve_iters

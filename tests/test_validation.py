@@ -151,3 +151,27 @@ def test_triton_interpreted_reads_the_variable_like_triton(monkeypatch, value, o
     monkeypatch.setenv("TRITON_INTERPRET", value)
     assert triton_interpreted() is on
     assert getenv_bool("TRITON_INTERPRET", False) is on  # Triton 3.6's own reading
+
+
+@pytest.mark.parametrize("backend", ["torch", "materialized", "fused"])
+@pytest.mark.parametrize("T", [20, 0])
+@pytest.mark.parametrize("method,iters,exc,match", [
+    ("blocked", 2, ValueError, "solve_iters must be None"),
+    ("mxr", 1, ValueError, "solve_iters must be None"),
+    ("newton_schulz", 0, ValueError, "solve_iters must be a positive int"),
+    ("newton_schulz", -1, ValueError, "solve_iters must be a positive int"),
+    ("newton_schulz", True, TypeError, "solve_iters must be an int"),
+    ("newton_schulz", 2.0, TypeError, "solve_iters must be an int"),
+])
+def test_solve_iters_same_rules_on_every_backend(backend, T, method, iters, exc, match):
+    args = {name: x[:, :T] for name, x in good().items()}
+    with pytest.raises(exc, match=match):
+        chunk_gated_delta_rule(**args, backend=backend, solve_method=method, solve_iters=iters)
+    with pytest.raises(exc, match=match):
+        GatedDeltaNet(32, 2, head_k_dim=16, head_v_dim=16, backend=backend,
+                      solve_method=method, solve_iters=iters)
+
+
+def test_solve_iters_numpy_integer_is_taken_as_int():
+    o, _ = call(solve_method="newton_schulz", solve_iters=np.int64(3))
+    assert torch.equal(o, call(solve_method="newton_schulz", solve_iters=3)[0])
