@@ -51,9 +51,11 @@ def parse_solve_method(spec: str) -> tuple[str, int | None]:
     """``"name"`` or ``"name:iters"`` -> (name, iters), checked against
     :data:`gdn_fused.inverse.METHODS` (e.g. "blocked", "mxr", "newton_schulz:6", "mch").
 
-    Raises ValueError for an unknown name, a non-integer or negative count, or a count given to
-    a method without iterations."""
+    Raises ValueError for an unknown name, a count that is not a positive integer, or a count
+    given to a method the chunk op takes none for (every method but the Newton-Schulz ones;
+    :func:`gdn_fused.validation.check_solve_method`)."""
     from gdn_fused.inverse import METHODS
+    from gdn_fused.validation import check_solve_method
     name, _, count = spec.partition(":")
     if name not in METHODS:
         raise ValueError(f"unknown solve method {name!r}; choose from {', '.join(METHODS)} "
@@ -61,10 +63,12 @@ def parse_solve_method(spec: str) -> tuple[str, int | None]:
     if not count:
         return name, None
     if not count.isdigit():
-        raise ValueError(f"iteration count of {spec!r} must be a non-negative integer")
-    if METHODS[name].default_iters is None:
-        raise ValueError(f"{name!r} takes no iteration count (got {spec!r})")
-    return name, int(count)
+        raise ValueError(f"iteration count of {spec!r} must be a positive integer")
+    try:
+        # the torch backend takes every method, so this checks the count alone
+        return name, check_solve_method("torch", name, int(count))
+    except ValueError as e:
+        raise ValueError(f"{spec!r}: {e}") from None
 
 
 def make_variants(backends: list[str], solve_methods: list[str]) -> list[Variant]:

@@ -130,8 +130,9 @@ def test_variants_put_the_reference_first_and_expand_methods():
     assert rows == [Variant("hf"), Variant("torch", "blocked"),
                     Variant("torch", "newton_schulz", 6), Variant("recurrent")]
     assert [v.method_label for v in rows] == ["-", "blocked", "newton_schulz:6", "-"]
-    assert parse_solve_method("mxr:1") == ("mxr", 1)
-    for bad in ("nope", "blocked:2", "newton_schulz:x"):
+    assert parse_solve_method("newton_schulz:06") == ("newton_schulz", 6)
+    # the chunk op's rules: a positive count, for the Newton-Schulz methods only
+    for bad in ("nope", "blocked:2", "newton_schulz:x", "newton_schulz:0", "mxr:1"):
         with pytest.raises(ValueError):
             parse_solve_method(bad)
 
