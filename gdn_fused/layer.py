@@ -27,7 +27,8 @@ from torch import nn
 from gdn_fused.cache import as_layer_cache
 from gdn_fused.ops import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 from gdn_fused.reference import LOG_DECAY_MIN
-from gdn_fused.validation import BACKENDS, MAX_HEAD_DIM, as_chunk_size, check_solve_method
+from gdn_fused.validation import (BACKENDS, MAX_HEAD_DIM, as_chunk_size, check_cu_seqlens,
+                                  check_solve_method)
 
 # exp(88.7) overflows fp32: clamping A_log below it keeps A = exp(A_log) finite, so
 # A · softplus(·) can never be inf · 0.
@@ -313,7 +314,8 @@ class GatedDeltaNet(nn.Module):
         Raises:
             ValueError for a wrong input shape or mask, ``use_cache=True`` without a cache, a
             cache without ``layer_idx``, a cached state of another batch size, or packed
-            sequences with a cache; TypeError for inputs or a cache of the wrong type.
+            sequences with a cache; TypeError for inputs or a cache of the wrong type; for
+            cu_seqlens the op's TypeError / ValueError, raised before any computation.
         """
         cache = self._pick_cache(past_key_values, kwargs.get("cache_params"),
                                  kwargs.get("cache"))
@@ -331,6 +333,8 @@ class GatedDeltaNet(nn.Module):
         cu_seqlens = kwargs.get("cu_seqlens")
         if cu_seqlens is None:
             cu_seqlens = kwargs.get("cu_seq_lens_q")
+        if cu_seqlens is not None:  # before the conv, which reads the offsets
+            check_cu_seqlens(cu_seqlens, B, T, hidden_states.device)
         layer_cache = as_layer_cache(cache)
         if layer_cache is not None:
             if self.layer_idx is None:

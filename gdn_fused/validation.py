@@ -90,29 +90,7 @@ def check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, backend):
     if len(devices) != 1:
         raise ValueError(f"q, k, v, g, beta must be on one device, got {sorted(map(str, devices))}")
 
-    N = B
-    if cu_seqlens is not None:
-        if not isinstance(cu_seqlens, torch.Tensor):
-            raise TypeError(f"cu_seqlens must be a torch.Tensor, got {type(cu_seqlens).__name__}")
-        if cu_seqlens.dtype not in (torch.int32, torch.int64):
-            raise TypeError(f"cu_seqlens must be int32 or int64, got {cu_seqlens.dtype}")
-        if cu_seqlens.device != q.device:
-            raise ValueError(f"cu_seqlens must be on q's device {q.device}, got {cu_seqlens.device}")
-        if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
-            raise ValueError("cu_seqlens must be 1-D with N+1 >= 2 offsets, got shape "
-                             f"{tuple(cu_seqlens.shape)}")
-        if B != 1:
-            raise ValueError(f"cu_seqlens needs packed input with B == 1, got B={B}")
-        cu = cu_seqlens.detach().cpu()  # validation is allowed one host read (not under graphs)
-        if int(cu[0]) != 0:
-            raise ValueError(f"cu_seqlens must start at 0, got {int(cu[0])}")
-        if bool((cu[1:] < cu[:-1]).any()):
-            raise ValueError("cu_seqlens must be non-decreasing (empty segments are allowed)")
-        if int(cu[-1]) > T:
-            # A buffer longer than cu_seqlens[-1] is legal (its tail gets o = 0); one shorter
-            # would make the kernels read past the end.
-            raise ValueError(f"cu_seqlens[-1]={int(cu[-1])} exceeds the packed length T={T}")
-        N = cu_seqlens.numel() - 1
+    N = B if cu_seqlens is None else check_cu_seqlens(cu_seqlens, B, T, q.device)
     if initial_state is not None:
         _tensor("initial_state", initial_state)
         if initial_state.device != q.device:
@@ -122,6 +100,33 @@ def check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, backend):
             raise ValueError(f"initial_state must be [N, HV, K, V] = {(N, HV, K, V)}, got "
                              f"{tuple(initial_state.shape)}")
     return N
+
+
+def check_cu_seqlens(cu_seqlens, B: int, T: int, device: torch.device) -> int:
+    """Validate packed-sequence offsets ``[N+1]`` for an input of batch B and length T on
+    ``device``; returns N. Raises TypeError / ValueError naming cu_seqlens."""
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise TypeError(f"cu_seqlens must be a torch.Tensor, got {type(cu_seqlens).__name__}")
+    if cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"cu_seqlens must be int32 or int64, got {cu_seqlens.dtype}")
+    if cu_seqlens.device != device:
+        raise ValueError(f"cu_seqlens must be on the inputs' device {device}, got "
+                         f"{cu_seqlens.device}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError("cu_seqlens must be 1-D with N+1 >= 2 offsets, got shape "
+                         f"{tuple(cu_seqlens.shape)}")
+    if B != 1:
+        raise ValueError(f"cu_seqlens needs packed input with B == 1, got B={B}")
+    cu = cu_seqlens.detach().cpu()  # validation is allowed one host read (not under graphs)
+    if int(cu[0]) != 0:
+        raise ValueError(f"cu_seqlens must start at 0, got {int(cu[0])}")
+    if bool((cu[1:] < cu[:-1]).any()):
+        raise ValueError("cu_seqlens must be non-decreasing (empty segments are allowed)")
+    if int(cu[-1]) > T:
+        # A buffer longer than cu_seqlens[-1] is legal (its tail gets o = 0); one shorter
+        # would make the kernels read past the end.
+        raise ValueError(f"cu_seqlens[-1]={int(cu[-1])} exceeds the packed length T={T}")
+    return cu_seqlens.numel() - 1
 
 
 def check_device_for_backend(backend: str, device: torch.device, dtype: torch.dtype):

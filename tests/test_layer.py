@@ -238,6 +238,18 @@ def test_packed_sequences_match_separate_runs():
         layer(x, cu_seqlens=cu, past_key_values=GatedDeltaNetCache())
 
 
+@pytest.mark.parametrize("cu,exc,match", [
+    ([0, 20], TypeError, "cu_seqlens must be a torch.Tensor"),
+    (torch.tensor([0, 20.]), TypeError, "cu_seqlens must be int32 or int64"),
+    (torch.tensor([0, 12, 8, 20]), ValueError, "cu_seqlens must be non-decreasing"),
+])
+def test_packed_sequences_bad_cu_seqlens_raise_the_ops_error_first(cu, exc, match):
+    x = torch.randn(1, 20, D_MODEL, dtype=torch.float64)
+    for key in ("cu_seqlens", "cu_seq_lens_q"):
+        with pytest.raises(exc, match=match):
+            make_layer()(x, **{key: cu})
+
+
 EXTREMES = [-3e38, -1e4, -150.0, -20.0, 0.0, 20.0, 89.0, 1e4, 3e38]
 
 
