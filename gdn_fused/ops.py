@@ -7,8 +7,8 @@ import torch
 
 from gdn_fused.reference import (LOG_DECAY_MIN, chunk_gated_delta_rule_ref, l2norm,
                                  recurrent_gated_delta_rule_ref)
-from gdn_fused.validation import (as_chunk_size, check_device_for_backend, check_inputs,
-                                  check_solve_method)
+from gdn_fused.validation import (as_chunk_size, as_scale, check_device_for_backend,
+                                  check_inputs, check_solve_method)
 
 logger = logging.getLogger("gdn_fused")
 
@@ -76,7 +76,8 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
             fp32. Positive g is outside the contract and not checked (that would need a sync).
         beta: ``[B, T, HV]`` write strength, usually in (0, 1) (up to 2 with negative
             eigenvalues).
-        scale: output scale, default ``K ** -0.5``.
+        scale: output scale, a finite real number (int, float or numpy scalar; not a bool),
+            default ``K ** -0.5``.
         initial_state: ``[N, HV, K, V]`` (N = B, or the number of packed sequences); any float
             dtype, used in fp32.
         output_final_state: return the ``[N, HV, K, V]`` fp32 final state.
@@ -110,16 +111,15 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
         under the interpreter, and for ``head_first=True``.
     """
     _check_layout_kwargs(kwargs)
-    check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, backend)
+    check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, backend)
     chunk_size = as_chunk_size(chunk_size)
+    scale = as_scale(scale, q.shape[-1])
     backend = resolve_backend(backend, q, v, chunk_size)
     if backend == "fused" and solve_method != "blocked":
         logger.debug("gdn_fused: fused runs solve_method='blocked' only; using materialized")
         backend = "materialized"
     solve_iters = check_solve_method(backend, solve_method, solve_iters)
     check_device_for_backend(backend, q.device, q.dtype)
-    if scale is None:
-        scale = q.shape[-1] ** -0.5
     g = g.clamp(min=LOG_DECAY_MIN)
     if backend == "torch":
         o, ht = chunk_gated_delta_rule_ref(q, k, v, g, beta, scale, initial_state,
@@ -129,7 +129,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
         ht = ht.float() if ht is not None and ht.dtype != torch.float64 else ht
         return o.to(q.dtype), ht
     from gdn_fused.autograd import chunk_gated_delta_rule_triton
-    return chunk_gated_delta_rule_triton(q, k, v, g, beta, float(scale), initial_state,
+    return chunk_gated_delta_rule_triton(q, k, v, g, beta, scale, initial_state,
                                          output_final_state, cu_seqlens,
                                          use_qk_l2norm_in_kernel, chunk_size, backend,
                                          solve_method, solve_iters)
@@ -153,7 +153,8 @@ def fused_recurrent_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, ini
     if backend not in ("auto", "torch", "triton"):
         raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
     _check_layout_kwargs(kwargs)
-    check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, "auto")
+    check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, "auto")
+    scale = as_scale(scale, q.shape[-1])
     needs_grad = torch.is_grad_enabled() and any(
         isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v, g, beta, initial_state))
     if backend == "auto":
@@ -163,8 +164,6 @@ def fused_recurrent_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, ini
         raise ValueError("backend='triton' decode is inference-only (no backward); use "
                          "backend='torch' or chunk_gated_delta_rule for gradients")
     check_device_for_backend(backend, q.device, q.dtype)
-    if scale is None:
-        scale = q.shape[-1] ** -0.5
     g = g.clamp(min=LOG_DECAY_MIN)  # as in the chunk op, so prefill and decode agree
     if backend == "torch":
         o, ht = recurrent_gated_delta_rule_ref(q, k, v, g, beta, scale, initial_state,
@@ -175,5 +174,5 @@ def fused_recurrent_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, ini
     from gdn_fused.kernels.recurrent import fused_recurrent_fwd
     if use_qk_l2norm_in_kernel:
         q, k = l2norm(q), l2norm(k)
-    return fused_recurrent_fwd(q, k, v, g, beta, float(scale), initial_state,
+    return fused_recurrent_fwd(q, k, v, g, beta, scale, initial_state,
                                output_final_state, cu_seqlens)

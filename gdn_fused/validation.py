@@ -49,7 +49,21 @@ def as_chunk_size(chunk_size) -> int:
     return chunk_size
 
 
-def check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, backend):
+def as_scale(scale, head_dim: int) -> float:
+    """The output scale as a Python float: ``head_dim ** -0.5`` for None, else any finite real
+    number (int, float, numpy scalar: ``numbers.Real``) but a bool. TypeError / ValueError
+    naming scale otherwise."""
+    if scale is None:
+        return head_dim ** -0.5
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a real number or None, got {type(scale).__name__}")
+    scale = float(scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
+    return scale
+
+
+def check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, backend):
     """Validate the functional API's arguments (shapes as in :mod:`gdn_fused.ops`).
 
     Returns the number of sequences N. Raises ValueError/TypeError naming the argument."""
@@ -82,10 +96,6 @@ def check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, backend):
     for name, x in (("g", g), ("beta", beta)):
         if tuple(x.shape) != (B, T, HV):
             raise ValueError(f"{name} must be [B, T, HV] = {(B, T, HV)}, got {tuple(x.shape)}")
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
-        raise TypeError(f"scale must be a Python float or None, got {type(scale).__name__}")
-    if scale is not None and not math.isfinite(scale):
-        raise ValueError(f"scale must be finite, got {scale}")
     devices = {x.device for x in (q, k, v, g, beta)}
     if len(devices) != 1:
         raise ValueError(f"q, k, v, g, beta must be on one device, got {sorted(map(str, devices))}")

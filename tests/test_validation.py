@@ -44,6 +44,8 @@ def call(**over):
     (dict(backend="flash"), ValueError, "backend must be"),
     (dict(scale="0.1"), TypeError, "scale must be"),
     (dict(scale=True), TypeError, "scale must be"),
+    (dict(scale=torch.tensor(0.5)), TypeError, "scale must be a real number"),
+    (dict(scale=np.bool_(True)), TypeError, "scale must be a real number"),
     (dict(scale=float("nan")), ValueError, "scale must be finite"),
     (dict(initial_state=torch.zeros(1, 4, 16, 8, device="meta")), ValueError,
      "initial_state must be on"),
@@ -175,3 +177,11 @@ def test_solve_iters_same_rules_on_every_backend(backend, T, method, iters, exc,
 def test_solve_iters_numpy_integer_is_taken_as_int():
     o, _ = call(solve_method="newton_schulz", solve_iters=np.int64(3))
     assert torch.equal(o, call(solve_method="newton_schulz", solve_iters=3)[0])
+
+
+@pytest.mark.parametrize("scale", [np.float32(0.5), np.float16(0.5), np.float64(0.5)])
+def test_numpy_real_scale_is_taken_as_float(scale):
+    assert torch.equal(call(scale=scale)[0], call(scale=0.5)[0])
+    o, _ = fused_recurrent_gated_delta_rule(**good(), scale=scale, backend="torch")
+    assert torch.equal(o, fused_recurrent_gated_delta_rule(**good(), scale=0.5,
+                                                           backend="torch")[0])
