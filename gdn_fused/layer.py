@@ -290,7 +290,8 @@ class GatedDeltaNet(nn.Module):
         """Mix tokens of ``hidden_states``; continue from and update a cache when one is given.
 
         Args:
-            hidden_states: ``[B, T, d_model]`` fp16/bf16/fp32 (fp64 with backend "torch").
+            hidden_states: ``[B, T, d_model]`` fp16/bf16/fp32 (fp64 with backend "torch"), in
+                the dtype of the layer's parameters (any, under ``torch.autocast``).
             attention_mask: None or a 2-D padding mask ``[B, T' ≥ T]`` (bool or 0/1 ints; its
                 last T columns are used, Hugging Face's convention). Padded tokens neither
                 write nor decay the state (their k, v, beta and g are zeroed), their conv
@@ -314,7 +315,8 @@ class GatedDeltaNet(nn.Module):
         Raises:
             ValueError for a wrong input shape or mask, ``use_cache=True`` without a cache, a
             cache without ``layer_idx``, a cached state of another batch size, or packed
-            sequences with a cache; TypeError for inputs or a cache of the wrong type; for
+            sequences with a cache; TypeError for inputs or a cache of the wrong type, and
+            for hidden_states of another dtype than the parameters (outside autocast); for
             cu_seqlens the op's TypeError / ValueError, raised before any computation.
         """
         cache = self._pick_cache(past_key_values, kwargs.get("cache_params"),
@@ -328,6 +330,14 @@ class GatedDeltaNet(nn.Module):
         if hidden_states.dim() != 3 or hidden_states.shape[-1] != self.d_model:
             raise ValueError(f"hidden_states must be [B, T, d_model={self.d_model}], got "
                              f"{tuple(hidden_states.shape)}")
+        weight_dtype = self.in_proj.weight.dtype
+        # no silent cast (nn.Linear's rule too): an fp32 input to a bf16 layer would lose
+        # precision unseen; under autocast the projections pick their dtype themselves
+        if hidden_states.dtype != weight_dtype \
+                and not torch.is_autocast_enabled(hidden_states.device.type):
+            raise TypeError(f"hidden_states must have the layer's dtype {weight_dtype} (its "
+                            f"parameters'), got {hidden_states.dtype}: cast the input or the "
+                            "layer (layer.to(dtype))")
         B, T, _ = hidden_states.shape
         keep = self._keep_mask(attention_mask, B, T)
         cu_seqlens = kwargs.get("cu_seqlens")

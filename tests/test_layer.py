@@ -332,6 +332,9 @@ def test_forward_rejects_bad_inputs():
         layer(x, attention_mask=[[1] * 5] * 2)
     with pytest.raises(TypeError, match="hidden_states"):
         layer(x.tolist())
+    with pytest.raises(TypeError, match="hidden_states must have the layer's dtype "
+                                        "torch.float64"):
+        layer(x.float())
     with pytest.raises(TypeError, match="past_key_values"):
         layer(x, past_key_values=object())
     with pytest.raises(ValueError, match="layer_idx"):
@@ -342,6 +345,15 @@ def test_forward_rejects_bad_inputs():
         layer(x[:1], past_key_values=cache)
     with pytest.raises(ValueError, match="once"):
         layer(x, past_key_values=cache, cache=GatedDeltaNetCache())
+
+
+def test_other_input_dtype_runs_under_autocast_only():
+    layer = GatedDeltaNet(32, 2, head_k_dim=16, head_v_dim=16, backend="torch")
+    x = torch.randn(1, 20, 32, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="hidden_states must have the layer's dtype"):
+        layer(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.isfinite(layer(x)).all()
 
 
 def test_standalone_init_is_sane():
