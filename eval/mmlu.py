@@ -45,7 +45,7 @@ import torch
 from .embedded import SHAPES
 from .mmlu_data import PAPER_SUBJECTS, SHIPPED_DATA_DIR, build_prompt, read_split, subjects_in
 from .mmlu_models import (BACKENDS, DTYPES, REFERENCE, ModelSource, free_memory,
-                          make_variants)
+                          make_variants, unique)
 from .mmlu_scoring import (accuracy_by_subject, answer_logits, compare_to_reference,
                            finite_or_none, letter_token_ids, predictions, tokenize_prompts)
 
@@ -71,8 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "test/{subject}_test.csv); default: the ten subjects shipped with "
                            "the package")
     data.add_argument("--subjects", nargs="+", default=None, metavar="SUBJECT",
-                      help="subjects to evaluate, or 'all' for every subject in --data-dir "
-                           "(default: the paper's ten)")
+                      help="subjects to evaluate (repeats are dropped), or 'all' alone for "
+                           "every subject in --data-dir (default: the paper's ten)")
     data.add_argument("--limit", type=int, default=None,
                       help="evaluate only the first N test questions of each subject")
     data.add_argument("--num-fewshot", type=int, default=5,
@@ -124,8 +124,13 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error(f"--data-dir: {e}")
     if args.subjects is None:
         args.subjects = list(PAPER_SUBJECTS)
-    elif args.subjects == ["all"]:
-        args.subjects = available
+    else:
+        args.subjects = unique(args.subjects)  # a repeated subject would count twice
+        if "all" in args.subjects:
+            if len(args.subjects) > 1:
+                parser.error("--subjects all selects every subject in --data-dir and must be "
+                             f"given alone, got {' '.join(args.subjects)}")
+            args.subjects = available
     unknown = [s for s in args.subjects if s not in available]
     if unknown:
         parser.error(f"unknown subject(s) {', '.join(unknown)}: not in {args.data_dir / 'test'}; "

@@ -71,9 +71,15 @@ def parse_solve_method(spec: str) -> tuple[str, int | None]:
         raise ValueError(f"{spec!r}: {e}") from None
 
 
+def unique(items) -> list:
+    """``items`` without repeats, each kept at its first position."""
+    return list(dict.fromkeys(items))
+
+
 def make_variants(backends: list[str], solve_methods: list[str]) -> list[Variant]:
     """The rows of a run, the reference first: each backend of ``NO_SOLVE`` once, every other
-    backend once per solve method (in the given order). Duplicates are dropped.
+    backend once per solve method (in the given order). Repeated backends and methods (also
+    spelt differently, e.g. newton_schulz:6 and newton_schulz:06) give one row.
 
     Raises ValueError for an unknown backend or solve method."""
     methods = [parse_solve_method(s) for s in solve_methods]
@@ -81,10 +87,9 @@ def make_variants(backends: list[str], solve_methods: list[str]) -> list[Variant
     for backend in sorted(backends, key=lambda b: b != REFERENCE):
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
-        new = [Variant(backend)] if backend in NO_SOLVE else [Variant(backend, m, it)
-                                                              for m, it in methods]
-        rows += [v for v in new if v not in rows]
-    return rows
+        rows += [Variant(backend)] if backend in NO_SOLVE else [Variant(backend, m, it)
+                                                                for m, it in methods]
+    return unique(rows)
 
 
 @dataclass(frozen=True)

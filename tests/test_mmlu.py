@@ -8,7 +8,7 @@ import torch
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from gdn_fused.eval import embedded
-from gdn_fused.eval.mmlu import main
+from gdn_fused.eval.mmlu import build_parser, check_args, main
 from gdn_fused.eval.mmlu_data import (PAPER_SUBJECTS, SHIPPED_DATA_DIR, Question, build_prompt,
                             read_split, subjects_in)
 from gdn_fused.eval.mmlu_models import (ModelSource, Variant, make_variants,
@@ -137,6 +137,20 @@ def test_variants_put_the_reference_first_and_expand_methods():
             parse_solve_method(bad)
 
 
+def test_repeated_backends_and_methods_give_one_row_each():
+    rows = make_variants(["torch", "hf", "torch", "hf"],
+                         ["blocked", "newton_schulz:6", "blocked", "newton_schulz:06"])
+    assert rows == [Variant("hf"), Variant("torch", "blocked"),
+                    Variant("torch", "newton_schulz", 6)]
+
+
+def test_repeated_subjects_are_evaluated_once():
+    parser = build_parser()
+    args = parser.parse_args(["--subjects", "anatomy", "astronomy", "anatomy"])
+    check_args(parser, args)
+    assert args.subjects == ["anatomy", "astronomy"]
+
+
 # --------------------------------------------------------------------------- embedded model
 
 def test_embedded_model_is_seeded():
@@ -252,6 +266,8 @@ def test_script_on_a_local_checkpoint_directory(tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["--data-dir", "/nonexistent/mmlu"], "no MMLU test split"),
     (["--subjects", "anatomy", "astrology"], "unknown subject(s) astrology"),
+    (["--subjects", "all", "anatomy"], "--subjects all selects every subject in --data-dir "
+                                       "and must be given alone"),
     (["--solve-method", "gauss"], "unknown solve method 'gauss'"),
     (["--backend", "fused"], "needs CUDA tensors"),
     (["--num-fewshot", "-1"], "--num-fewshot must be >= 0"),
