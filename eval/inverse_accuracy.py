@@ -289,20 +289,31 @@ def plot(path, rows, sizes, dtypes):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m eval.inverse_accuracy",
+                                description=__doc__.split("\n")[0])
     p.add_argument("--samples", type=int, default=16,
-                   help="matrices per (family, keys, n, dtype); errors are averaged over them")
-    p.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
-    p.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
-    p.add_argument("--head-dim", type=int, default=HEAD_DIM)
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=os.path.join("out", "inverse_accuracy"))
+                   help="matrices per (family, keys, n, dtype); errors are averaged over them "
+                        "(default 16)")
+    p.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), metavar="N",
+                   help="matrix sizes n, multiples of 16 (default: "
+                        f"{' '.join(map(str, SIZES))})")
+    p.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES),
+                   help=f"storage dtypes of A (default: {' '.join(DTYPES)})")
+    p.add_argument("--head-dim", type=int, default=HEAD_DIM,
+                   help=f"dimension of the unit key vectors, >= 1 (default {HEAD_DIM})")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="where the matrices are built and inverted (default cpu)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--out", default=os.path.join("out", "inverse_accuracy"), metavar="DIR",
+                   help="directory for accuracy.csv, ns_sweep.csv, checks.csv, results.md and "
+                        "accuracy.png, created if missing (default out/inverse_accuracy)")
     args = p.parse_args(argv)
     if args.samples < 1:
         p.error("--samples must be ≥ 1")
     if any(n < 16 or n % 16 for n in args.sizes):
         p.error(f"--sizes must be multiples of 16 (the blocked method's tile), got {args.sizes}")
+    if args.head_dim < 1:
+        p.error(f"--head-dim must be ≥ 1 (keys are unit vectors), got {args.head_dim}")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device available")
     os.makedirs(args.out, exist_ok=True)

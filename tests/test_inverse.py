@@ -4,7 +4,7 @@ checks (seed 000, §4): beta = 0 gives I, and the coupling path alone gives −L
 import pytest
 import torch
 
-from gdn_fused.eval.inverse_accuracy import exact_inverse, sample_deltanet
+from gdn_fused.eval.inverse_accuracy import exact_inverse, main, sample_deltanet
 from gdn_fused.inverse import BASE_BLOCK, METHODS, invert_unit_lower, refine_inverse
 
 UNIT_ROUNDOFF = {torch.float32: 2.0 ** -24, torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
@@ -222,3 +222,13 @@ def test_methods_table_costs():
 def test_bad_arguments(call, exc, name):
     with pytest.raises(exc, match=name):
         call()
+
+
+@pytest.mark.parametrize("head_dim", ["0", "-4"])
+def test_inverse_accuracy_cli_refuses_head_dim_below_one(head_dim, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--head-dim", head_dim, "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "python -m eval.inverse_accuracy: error: --head-dim must be ≥ 1" in err
+    assert not (tmp_path / "out").exists()
