@@ -247,6 +247,10 @@ SOLVE_METHODS = ("blocked", "mxr", "newton_schulz")
 # fp32 accuracy): 267 µs (2.5× faster than fla, 36 % of copy bandwidth) with a max abs change of
 # 2.2e-8 against exact fp32 products, inside the 1e-6 budget of an fp32 inverse.
 DOT_PRECISION = "tf32x3"
+# Newton-Schulz keeps three whole 64x64 fp32 matrices (L, X, LX) live: with one warp ptxas
+# (sm_90a, K = 128, built from k) spills 73 KB per thread-program, with four 1.5 KB (eight: 1.4
+# KB). Its MMLU rows on the H200 ran 2-7x slower than blocked at one warp (NS-6: 130 s vs 18 s).
+NUM_WARPS = {"blocked": 1, "mxr": 1, "newton_schulz": 4}
 
 
 def _solve_args(solve_method, solve_iters, C):
@@ -265,12 +269,13 @@ def _solve_args(solve_method, solve_iters, C):
 
 def kkt_solve(A, output_dtype=torch.float32, cu_seqlens=None, chunk_indices=None,
               num_chunks=None, dot_precision=DOT_PRECISION, solve_method="blocked", solve_iters=None,
-              num_warps=1, diag="substitution"):
+              num_warps=None, diag="substitution"):
     """(I + A)⁻¹ per chunk. A: [B, T, HV, C] fp32 strictly lower (row t holds its chunk row;
     C in {16, 32, 64}); returns T of the same shape in ``output_dtype`` (fp32 or the input dtype).
 
     solve_method: "blocked" (default), "mxr" or "newton_schulz" (``solve_iters`` steps, default
-    2·log2(C) + 2). Raises ValueError for another chunk size or method."""
+    2·log2(C) + 2). num_warps: default NUM_WARPS[solve_method]. Raises ValueError for another
+    chunk size or method."""
     B, T, HV, C = A.shape
     if C not in (16, 32, 64):
         raise ValueError(f"chunk size (A.shape[-1]) must be 16, 32 or 64, got {C}")
@@ -280,14 +285,15 @@ def kkt_solve(A, output_dtype=torch.float32, cu_seqlens=None, chunk_indices=None
     kkt_solve_kernel[(NT, B * HV)](A, None, None, None, Ai, cu_seqlens, chunk_indices, T, H=1,
                                    HV=HV, K=16, BT=C, BK=16, IS_VARLEN=cu_seqlens is not None,
                                    BUILD=False, METHOD=solve_method, NS_ITERS=iters,
-                                   DOT_PREC=dot_precision, DIAG=diag, num_warps=num_warps)
+                                   DOT_PREC=dot_precision, DIAG=diag,
+                                   num_warps=num_warps or NUM_WARPS[solve_method])
     return Ai
 
 
 def kkt_solve_from_k(k, G, beta, num_value_heads, chunk_size, output_dtype=torch.float32,
                      cu_seqlens=None, chunk_indices=None, num_chunks=None,
                      dot_precision=DOT_PRECISION,
-                     solve_method="blocked", solve_iters=None, num_warps=1,
+                     solve_method="blocked", solve_iters=None, num_warps=None,
                      diag="substitution"):
     """The fused kkt variant: T = (I + strictLower(diag(β)(Γ ⊙ K Kᵀ)))⁻¹ built from k [B,T,H,K],
     G (chunk-cumulated, fp64) and beta [B,T,HV] on chip, without writing A to HBM.
@@ -302,5 +308,5 @@ def kkt_solve_from_k(k, G, beta, num_value_heads, chunk_size, output_dtype=torch
                                    HV=HV, K=K, BT=C, BK=max(16, triton.next_power_of_2(K)),
                                    IS_VARLEN=cu_seqlens is not None, BUILD=True,
                                    METHOD=solve_method, NS_ITERS=iters, DOT_PREC=dot_precision,
-                                   DIAG=diag, num_warps=num_warps)
+                                   DIAG=diag, num_warps=num_warps or NUM_WARPS[solve_method])
     return Ai
