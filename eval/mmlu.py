@@ -296,8 +296,18 @@ def evaluate(args: argparse.Namespace) -> dict:
         **setup, "questions": len(questions),
         "prompt_tokens": sum(map(len, token_ids)), "subjects": dict(Counter(subjects)),
         "reference": REFERENCE if reference is not None else None,
+        "hf_kernels": hf_kernels() if any(v.backend == REFERENCE for v in args.variants) else None,
         "answers": "".join(answers), "rows": rows,
     }
+
+
+def hf_kernels() -> str:
+    """Which Gated DeltaNet code transformers' own Qwen3-Next runs in the ``hf`` row: it takes
+    flash-linear-attention's kernels whenever ``fla`` is importable, else its torch fallback."""
+    import importlib.util
+    if importlib.util.find_spec("fla") is not None:
+        return "flash-linear-attention's kernels (fla is importable)"
+    return "its torch fallback (fla is not importable)"
 
 
 def _num(x, fmt: str) -> str:
@@ -327,6 +337,8 @@ def format_table(result: dict) -> str:
     # what actually ran: every backend fallback the op logged during the run
     notes = [f"- {row['backend']} {row['method']}: {line}" for row in result["rows"]
              for line in row["log"]]
+    if result.get("hf_kernels"):
+        notes.insert(0, f"- {REFERENCE}: transformers' Qwen3-Next on {result['hf_kernels']}")
     return "\n".join(lines + ([""] + notes if notes else []))
 
 

@@ -227,6 +227,8 @@ def test_script_end_to_end_on_two_subjects(tmp_path, capsys):
     assert "| Backend | Method | Avg. | Anatomy | ColBio | Agree |" in printed
     assert "| Mean |Δlogit| | Time (s) |" in printed
     assert "[3/3] recurrent -: 6 questions in " in captured.err  # one log line per row
+    # which code the reference ran: fla is not a dependency, so transformers' torch fallback
+    assert "- hf: transformers' Qwen3-Next on its torch fallback" in printed
     result = json.loads(out.read_text())
     assert result["batch_size"] == 8 and result["build_seconds"] > 0
     assert result["questions"] == 6 and result["subjects"] == {"anatomy": 3,
