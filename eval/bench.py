@@ -176,6 +176,9 @@ def sweep_kkt_solve(bandwidth, B=8, T=4096):
     variants = [dict(diag="substitution", num_warps=w, dot_precision=p)
                 for w in (1, 2) for p in ("ieee", "tf32x3")]
     variants += [dict(diag="doubling", num_warps=2, dot_precision="tf32x3")]
+    # register caps (kernels/kkt_solve.py REGISTER_FOOTPRINT): more tiles per SM, some spills
+    variants += [dict(num_warps=w, maxnreg=r) for w, r in ((1, 168), (1, 128), (2, 128))]
+    variants += [dict(solve_method="newton_schulz", num_warps=w) for w in (1, 4, 8)]
     for kw in variants:
         err = (kkt_solve(A, torch.float32, **kw) - ref).abs().max().item()
         us = 1e3 * triton.testing.do_bench(lambda: kkt_solve(A, torch.bfloat16, **kw),
@@ -184,11 +187,12 @@ def sweep_kkt_solve(bandwidth, B=8, T=4096):
         print(rows[-1], flush=True)
     from gdn_fused.kernels.kkt_solve import kkt_solve_from_k
     G = chunk_cumsum(g, CHUNK)
-    for w in (1, 2, 4):
+    for kw in [dict(num_warps=w) for w in (1, 2, 4)] + [dict(num_warps=1, maxnreg=168),
+                                                        dict(num_warps=2, maxnreg=168)]:
         us = 1e3 * triton.testing.do_bench(
-            lambda: kkt_solve_from_k(k, G, beta, HV, CHUNK, torch.bfloat16, num_warps=w),
+            lambda: kkt_solve_from_k(k, G, beta, HV, CHUNK, torch.bfloat16, **kw),
             return_mode="median")
-        print(dict(variant="from_k", num_warps=w, us=us), flush=True)
+        print(dict(kw, variant="from_k", us=us), flush=True)
     return rows
 
 

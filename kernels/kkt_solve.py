@@ -251,6 +251,19 @@ DOT_PRECISION = "tf32x3"
 # (sm_90a, K = 128, built from k) spills 73 KB per thread-program, with four 1.5 KB (eight: 1.4
 # KB). Its MMLU rows on the H200 ran 2-7x slower than blocked at one warp (NS-6: 130 s vs 18 s).
 NUM_WARPS = {"blocked": 1, "mxr": 1, "newton_schulz": 4}
+# REGISTER_FOOTPRINT — ptxas -v for sm_90a (compiled on a CPU, 2026-11-29; C = 64, blocked,
+# tf32x3), registers per thread / spill bytes per thread:
+#   from A (K = 16):          1 warp 255 / 272   2 warps 226 / 0    4 warps 192 / 0
+#   built from k (K = 128):   1 warp 255 / 1400  2 warps 255 / 300  4 warps 255 / 164
+#   1 warp capped at 128:     from A 128 / 1016, from k 128 / 4484
+# A tile's footprint (registers × threads) sets how many tiles an SM holds: 8 at 1 warp, 4 at
+# 2, 2 at 4 — the order of the measured times above, so the kernel is bound by tiles in flight
+# (latency × occupancy), not by bandwidth. A 128-register cap would double the tiles per SM at
+# the price of spills to L1: the sweep (eval.bench --kkt-sweep) times it.
+
+
+def _register_cap(maxnreg):
+    return {} if maxnreg is None else {"maxnreg": maxnreg}
 
 
 def _solve_args(solve_method, solve_iters, C):
@@ -269,12 +282,13 @@ def _solve_args(solve_method, solve_iters, C):
 
 def kkt_solve(A, output_dtype=torch.float32, cu_seqlens=None, chunk_indices=None,
               num_chunks=None, dot_precision=DOT_PRECISION, solve_method="blocked", solve_iters=None,
-              num_warps=None, diag="substitution"):
+              num_warps=None, diag="substitution", maxnreg=None):
     """(I + A)⁻¹ per chunk. A: [B, T, HV, C] fp32 strictly lower (row t holds its chunk row;
     C in {16, 32, 64}); returns T of the same shape in ``output_dtype`` (fp32 or the input dtype).
 
     solve_method: "blocked" (default), "mxr" or "newton_schulz" (``solve_iters`` steps, default
-    2·log2(C) + 2). num_warps: default NUM_WARPS[solve_method]. Raises ValueError for another
+    2·log2(C) + 2). num_warps: default NUM_WARPS[solve_method]; maxnreg: a register cap per
+    thread for ptxas (launch sweeps only, see REGISTER_FOOTPRINT). Raises ValueError for another
     chunk size or method."""
     B, T, HV, C = A.shape
     if C not in (16, 32, 64):
@@ -286,7 +300,8 @@ def kkt_solve(A, output_dtype=torch.float32, cu_seqlens=None, chunk_indices=None
                                    HV=HV, K=16, BT=C, BK=16, IS_VARLEN=cu_seqlens is not None,
                                    BUILD=False, METHOD=solve_method, NS_ITERS=iters,
                                    DOT_PREC=dot_precision, DIAG=diag,
-                                   num_warps=num_warps or NUM_WARPS[solve_method])
+                                   num_warps=num_warps or NUM_WARPS[solve_method],
+                                   **_register_cap(maxnreg))
     return Ai
 
 
@@ -294,7 +309,7 @@ def kkt_solve_from_k(k, G, beta, num_value_heads, chunk_size, output_dtype=torch
                      cu_seqlens=None, chunk_indices=None, num_chunks=None,
                      dot_precision=DOT_PRECISION,
                      solve_method="blocked", solve_iters=None, num_warps=None,
-                     diag="substitution"):
+                     diag="substitution", maxnreg=None):
     """The fused kkt variant: T = (I + strictLower(diag(β)(Γ ⊙ K Kᵀ)))⁻¹ built from k [B,T,H,K],
     G (chunk-cumulated, fp64) and beta [B,T,HV] on chip, without writing A to HBM.
 
@@ -308,5 +323,6 @@ def kkt_solve_from_k(k, G, beta, num_value_heads, chunk_size, output_dtype=torch
                                    HV=HV, K=K, BT=C, BK=max(16, triton.next_power_of_2(K)),
                                    IS_VARLEN=cu_seqlens is not None, BUILD=True,
                                    METHOD=solve_method, NS_ITERS=iters, DOT_PREC=dot_precision,
-                                   DIAG=diag, num_warps=num_warps or NUM_WARPS[solve_method])
+                                   DIAG=diag, num_warps=num_warps or NUM_WARPS[solve_method],
+                                   **_register_cap(maxnreg))
     return Ai
