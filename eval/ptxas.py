@@ -1,0 +1,151 @@
+"""What the compiler made of a kernel, without a GPU: registers, spills, shared memory and the
+Hopper instructions in its PTX, for sm_90a (the H200).
+
+    python -m eval.ptxas [--kernels NAME ...] [--arch 90]
+
+Triton compiles for a named target on any machine and ships ptxas, so a CPU can see what the
+GPU machine would run: a kernel's register footprint (registers per thread × threads) bounds how
+many programs an SM holds, spills go to local memory, and the PTX shows whether the kernel uses
+warpgroup MMA (``wgmma.mma_async``), TMA (``cp.async.bulk.tensor``), mbarriers and per-role
+register budgets (``setmaxnreg``, warp specialization). Times still need the GPU
+(``python -m eval.bench``); this says which launch variants are worth timing.
+
+:func:`compile_report` takes a ``triton.jit`` or ``gluon.jit`` function, its argument types and
+its constexprs; ``KERNELS`` holds the package's kernels at the Qwen3-Next layer shape (bf16,
+H = 16, HV = 32, K = V = 128, chunk 64).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import tempfile
+
+# PTX of the Hopper features the fused-kernel issue asks evidence of, by instruction prefix
+HOPPER_FEATURES = {
+    "wgmma": r"\bwgmma\.mma_async",
+    "tma": r"\bcp\.async\.bulk\.tensor",
+    "mbarrier": r"\bmbarrier\.",
+    "setmaxnreg": r"\bsetmaxnreg",
+    "mma.sync": r"\bmma\.sync",
+}
+
+
+def ptx_features(ptx: str) -> dict[str, int]:
+    """How many instructions of each HOPPER_FEATURES kind the PTX text holds."""
+    return {name: len(re.findall(pattern, ptx)) for name, pattern in HOPPER_FEATURES.items()}
+
+
+def compile_report(fn, signature: dict, constexprs: dict, arch: int = 90, **options) -> dict:
+    """Compile ``fn`` for ``cuda:<arch>`` (sm_90 → sm_90a) on this machine and run ``ptxas -v``.
+
+    signature: the type of each runtime argument by name ("*bf16", "i32", "fp32", ...);
+    constexprs: the value of each constexpr argument by name; options: launch options
+    (num_warps, num_stages, maxnreg). Returns registers and spill/stack bytes per thread, static
+    shared memory bytes, and :func:`ptx_features`. Raises triton's CompilationError for code
+    that does not compile, ValueError for an argument named in neither dict, TypeError for a
+    kernel defined under TRITON_INTERPRET=1 (an interpreted function cannot be compiled)."""
+    import triton
+    if not hasattr(fn, "cache_key"):
+        raise TypeError(f"{getattr(fn, 'arg_names', fn)!r}: not a compiled-mode kernel; import "
+                        "it without TRITON_INTERPRET=1 in the environment")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    names = list(fn.arg_names)
+    missing = [n for n in names if n not in signature and n not in constexprs]
+    if missing:
+        raise ValueError(f"no type or constexpr value for argument(s) {missing}")
+    sig = {n: signature[n] if n in signature else "constexpr" for n in names}
+    consts = {(names.index(n),): v for n, v in constexprs.items()}
+    source = ASTSource
+    if type(fn).__name__ == "GluonJITFunction":
+        from triton.experimental.gluon._runtime import GluonASTSource as source
+    compiled = triton.compile(source(fn, sig, constexprs=consts),
+                              target=GPUTarget("cuda", arch, 32), options=options)
+    ptx = compiled.asm["ptx"]
+    gpu_name = f"sm_{arch}a" if arch == 90 else f"sm_{arch}"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        cmd = [triton.knobs.nvidia.ptxas.path, "-v", "--gpu-name", gpu_name, path,
+               "-o", os.path.join(tmp, "kernel.o")]
+        if options.get("maxnreg"):
+            cmd.append(f"--maxrregcount={options['maxnreg']}")
+        log = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+
+    def number(pattern):
+        m = re.search(pattern, log)
+        return int(m.group(1)) if m else 0
+    return dict(registers=number(r"Used (\d+) registers"),
+                spill_stores=number(r"(\d+) bytes spill stores"),
+                spill_loads=number(r"(\d+) bytes spill loads"),
+                stack=number(r"(\d+) bytes stack frame"),
+                shared=compiled.metadata.shared, num_warps=options.get("num_warps", 4),
+                features=ptx_features(ptx))
+
+
+def _kkt_solve(build: bool, method: str = "blocked", iters: int = 0):
+    from gdn_fused.kernels.kkt_solve import DOT_PRECISION, kkt_solve_kernel
+    sig = {"A": "*fp32", "k": "*bf16", "G": "*fp64", "beta": "*bf16", "Ai": "*bf16",
+           "cu_seqlens": "*i32", "chunk_indices": "*i32", "T": "i32"}
+    consts = dict(H=16 if build else 1, HV=32, K=128 if build else 16, BT=64,
+                  BK=128 if build else 16, IS_VARLEN=False, BUILD=build, METHOD=method,
+                  NS_ITERS=iters, DOT_PREC=DOT_PRECISION, DIAG="substitution")
+    return kkt_solve_kernel, sig, consts
+
+
+def _fused_fwd(num_segments: int = 1):
+    from gdn_fused.kernels.fused_fwd import SUB, _fused_fwd_kernel, dot_precisions, launch_config
+    import torch
+    BV, _ = launch_config(128)
+    precision, compose = dot_precisions(torch.bfloat16)
+    sig = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "g": "*fp32", "beta": "*bf16", "o": "*bf16",
+           "h0": "*fp32", "ht": "*fp32", "seg_maps": "*fp32", "cu_seqlens": "*i32",
+           "scale": "fp32", "T": "i32", "N": "i32"}
+    sig.update({s: "i32" for s in ("s_qb", "s_qt", "s_qh", "s_vb", "s_vt", "s_vh", "s_gb",
+                                   "s_gt", "s_gh")})
+    consts = dict(H=16, HV=32, K=128, V=128, BV=BV, C=64, SUB=SUB, NUM_SEG=num_segments,
+                  USE_H0=True, STORE_HT=True, VARLEN=False, STATE_PRECISION=precision,
+                  COMPOSE_PRECISION=compose)
+    return _fused_fwd_kernel, sig, consts
+
+
+# name → (builder of (fn, signature, constexprs), launch options as the package launches it)
+def _kernels() -> dict:
+    from gdn_fused.kernels.fused_fwd import launch_config
+    from gdn_fused.kernels.kkt_solve import NUM_WARPS
+    return {
+        "kkt_solve blocked (A in)": (lambda: _kkt_solve(False), dict(num_warps=NUM_WARPS["blocked"])),
+        "kkt_solve blocked (from k)": (lambda: _kkt_solve(True), dict(num_warps=NUM_WARPS["blocked"])),
+        "kkt_solve newton_schulz:12 (from k)": (lambda: _kkt_solve(True, "newton_schulz", 12),
+                                                dict(num_warps=NUM_WARPS["newton_schulz"])),
+        "fused forward": (lambda: _fused_fwd(1), launch_config(128)[1]),
+    }
+
+
+def main(argv=None) -> int:
+    os.environ.pop("TRITON_INTERPRET", None)  # before the kernels are defined: compile them
+    kernels = _kernels()
+    p = argparse.ArgumentParser(prog="python -m eval.ptxas", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--kernels", nargs="+", choices=list(kernels), default=list(kernels),
+                   metavar="NAME", help=f"kernels to compile (default all: {list(kernels)})")
+    p.add_argument("--arch", type=int, default=90, help="CUDA compute capability (default 90)")
+    args = p.parse_args(argv)
+    head = ["kernel", "warps", "registers", "spill stores B", "stack B", "shared B"] + \
+        list(HOPPER_FEATURES)
+    print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+    for name in args.kernels:
+        build, options = kernels[name]
+        fn, sig, consts = build()
+        r = compile_report(fn, sig, consts, arch=args.arch, **options)
+        cells = [name, r["num_warps"], r["registers"], r["spill_stores"], r["stack"], r["shared"]]
+        cells += [r["features"][f] for f in HOPPER_FEATURES]
+        print("| " + " | ".join(map(str, cells)) + " |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,54 @@
+"""eval.ptxas compiles for sm_90a on a machine without a GPU and reads ptxas' report."""
+import pytest
+import triton
+import triton.language as tl
+
+from gdn_fused.eval.ptxas import compile_report, ptx_features
+
+
+def _dot(a, c, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    x = tl.load(a + offs[:, None] * N + offs[None, :])
+    tl.store(c + offs[:, None] * N + offs[None, :], tl.dot(x, x))
+
+
+@pytest.fixture(scope="module")
+def dot_kernel():
+    """_dot as a compiled-mode kernel: triton.jit decides at decoration time, and the test
+    session runs with TRITON_INTERPRET=1."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "0")
+        return triton.jit(_dot)
+
+
+def test_compile_report_of_a_dot_kernel_for_hopper(dot_kernel):
+    r = compile_report(dot_kernel, {"a": "*bf16", "c": "*fp32"}, {"N": 64}, num_warps=4)
+    assert 0 < r["registers"] <= 255 and r["spill_stores"] == 0 and r["num_warps"] == 4
+    # a 64×64 bf16 product on sm_90a with 4 warps is one warpgroup MMA; nothing specialised
+    assert r["features"]["wgmma"] > 0
+    assert r["features"]["setmaxnreg"] == 0 and r["features"]["tma"] == 0
+
+
+def test_register_cap_is_passed_to_ptxas(dot_kernel):
+    capped = compile_report(dot_kernel, {"a": "*bf16", "c": "*fp32"}, {"N": 64}, num_warps=1,
+                            maxnreg=64)
+    assert capped["registers"] <= 64
+
+
+def test_missing_argument_types_are_named(dot_kernel):
+    with pytest.raises(ValueError, match=r"\['c'\]"):
+        compile_report(dot_kernel, {"a": "*bf16"}, {"N": 64})
+
+
+def test_an_interpreted_kernel_is_refused_by_name():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "1")
+        interpreted = triton.jit(_dot)
+    with pytest.raises(TypeError, match="TRITON_INTERPRET"):
+        compile_report(interpreted, {"a": "*bf16", "c": "*fp32"}, {"N": 64})
+
+
+def test_ptx_features_count_instructions():
+    ptx = "setmaxnreg.inc.sync.aligned.u32 240;\nwgmma.mma_async.sync.aligned ...\nmbarrier.try_wait"
+    assert ptx_features(ptx) == {"wgmma": 1, "tma": 0, "mbarrier": 1, "setmaxnreg": 1,
+                                 "mma.sync": 0}
