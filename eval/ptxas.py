@@ -37,10 +37,18 @@ def ptx_features(ptx: str) -> dict[str, int]:
     return {name: len(re.findall(pattern, ptx)) for name, pattern in HOPPER_FEATURES.items()}
 
 
+def tensordesc(dtype: str, block_shape, layout) -> str:
+    """The signature type of a Gluon ``TensorDescriptor`` argument in Triton 3.6, e.g.
+    ``tensordesc<bf16[64, 128],NVMMASharedLayout(...)>`` (what triton.language.str_to_ty
+    parses; the layout is its Python repr)."""
+    return f"tensordesc<{dtype}[{', '.join(map(str, block_shape))}],{layout!r}>"
+
+
 def compile_report(fn, signature: dict, constexprs: dict, arch: int = 90, **options) -> dict:
     """Compile ``fn`` for ``cuda:<arch>`` (sm_90 → sm_90a) on this machine and run ``ptxas -v``.
 
-    signature: the type of each runtime argument by name ("*bf16", "i32", "fp32", ...);
+    signature: the type of each runtime argument by name ("*bf16", "i32", "fp32", ...,
+    :func:`tensordesc` for a Gluon TMA descriptor);
     constexprs: the value of each constexpr argument by name; options: launch options
     (num_warps, num_stages, maxnreg). Returns registers and spill/stack bytes per thread, static
     shared memory bytes, and :func:`ptx_features`. Raises triton's CompilationError for code
@@ -112,9 +120,21 @@ def _fused_fwd(num_segments: int = 1):
     return _fused_fwd_kernel, sig, consts
 
 
+def _gluon_state():
+    from gdn_fused.kernels.gluon_state import (DESCRIPTOR_BLOCKS, NUM_STAGES,
+                                               chunk_state_gluon_kernel, descriptor_layout)
+    sig = {f"{n}_desc": tensordesc("bf16", b, descriptor_layout(b))
+           for n, b in DESCRIPTOR_BLOCKS.items()}
+    sig.update(G="*fp64", v_new="*bf16", h0="*fp32", ht="*fp32", T="i32")
+    consts = dict(H=16, HV=32, K=128, V=128, USE_INITIAL_STATE=True, STORE_FINAL_STATE=True,
+                  STAGES=NUM_STAGES)
+    return chunk_state_gluon_kernel, sig, consts
+
+
 # name → (builder of (fn, signature, constexprs), launch options as the package launches it)
 def _kernels() -> dict:
     from gdn_fused.kernels.fused_fwd import launch_config
+    from gdn_fused.kernels.gluon_state import MAXNREG
     from gdn_fused.kernels.kkt_solve import NUM_WARPS
     return {
         "kkt_solve blocked (A in)": (lambda: _kkt_solve(False), dict(num_warps=NUM_WARPS["blocked"])),
@@ -122,6 +142,7 @@ def _kernels() -> dict:
         "kkt_solve newton_schulz:12 (from k)": (lambda: _kkt_solve(True, "newton_schulz", 12),
                                                 dict(num_warps=NUM_WARPS["newton_schulz"])),
         "fused forward": (lambda: _fused_fwd(1), launch_config(128)[1]),
+        "chunk_state gluon (experimental)": (_gluon_state, dict(num_warps=4, maxnreg=MAXNREG)),
     }
 
 
