@@ -5,6 +5,7 @@ import logging
 
 import torch
 
+from gdn_fused.fla_options import apply_fla_options, final_state_layout
 from gdn_fused.reference import (LOG_DECAY_MIN, chunk_gated_delta_rule_ref, l2norm,
                                  recurrent_gated_delta_rule_ref)
 from gdn_fused.validation import (as_chunk_size, as_scale, check_device_for_backend,
@@ -49,14 +50,6 @@ def resolve_backend(backend: str, q: torch.Tensor, v: torch.Tensor, chunk_size: 
     return "materialized"
 
 
-def _check_layout_kwargs(kwargs):
-    """Extra keyword arguments are ignored (HF passes some), except fla's head-first layout:
-    ignoring it would silently transpose the result."""
-    if kwargs.get("head_first"):
-        raise ValueError("head_first=True is not supported: pass q, k, v as [B, T, H, K] "
-                         "(fla's default layout)")
-
-
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
                            output_final_state=False, cu_seqlens=None,
                            use_qk_l2norm_in_kernel=False, chunk_size=64, backend="auto",
@@ -96,8 +89,10 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
         solve_iters: Newton–Schulz iterations, a positive int (default 2·log2(chunk_size) + 2);
             only for the Newton–Schulz methods, None for every other one ("mxr" runs without
             refinement of its block inverses, on every backend).
-        **kwargs: ignored (Hugging Face passes extra arguments), except ``head_first=True``,
-            which raises.
+        **kwargs: fla 0.6.0's options — ``use_gate_in_kernel`` (+ ``A_log``, ``dt_bias``),
+            ``use_beta_sigmoid_in_kernel``, ``allow_neg_eigval``, ``state_v_first``, with fla's
+            meaning; ``cu_seqlens_cpu`` and ``chunk_indices`` accepted and not read (see
+            :mod:`gdn_fused.fla_options`). Any other keyword raises TypeError.
 
     Returns:
         ``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] fp32 — fp64 on the torch
@@ -108,9 +103,11 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
         shapes, dtypes, devices, head counts, cu_seqlens, chunk_size, scale, backend,
         solve_method or solve_iters (the same rules on every backend, also for T = 0), for a
         Triton backend on CPU tensors without TRITON_INTERPRET=1, on float64 data, or on bf16
-        under the interpreter, and for ``head_first=True``.
+        under the interpreter, and for unknown or unsupported keywords (``head_first=True``,
+        ``cp_context``).
     """
-    _check_layout_kwargs(kwargs)
+    g, beta, initial_state, state_v_first = apply_fla_options(
+        kwargs, g, beta, initial_state, "chunk_gated_delta_rule")
     check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, backend)
     chunk_size = as_chunk_size(chunk_size)
     scale = as_scale(scale, q.shape[-1])
@@ -127,12 +124,13 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
                                            use_qk_l2norm_in_kernel, chunk_size,
                                            solve_method, solve_iters)
         ht = ht.float() if ht is not None and ht.dtype != torch.float64 else ht
-        return o.to(q.dtype), ht
+        return o.to(q.dtype), final_state_layout(ht, state_v_first)
     from gdn_fused.autograd import chunk_gated_delta_rule_triton
-    return chunk_gated_delta_rule_triton(q, k, v, g, beta, scale, initial_state,
-                                         output_final_state, cu_seqlens,
-                                         use_qk_l2norm_in_kernel, chunk_size, backend,
-                                         solve_method, solve_iters)
+    o, ht = chunk_gated_delta_rule_triton(q, k, v, g, beta, scale, initial_state,
+                                          output_final_state, cu_seqlens,
+                                          use_qk_l2norm_in_kernel, chunk_size, backend,
+                                          solve_method, solve_iters)
+    return o, final_state_layout(ht, state_v_first)
 
 
 def fused_recurrent_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, initial_state=None,
@@ -140,19 +138,22 @@ def fused_recurrent_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, ini
                                      use_qk_l2norm_in_kernel=False, backend="auto", **kwargs):
     """Token-by-token Gated DeltaNet for decode (a few tokens), state updated in fp32.
 
-    Same conventions, shapes and errors as :func:`chunk_gated_delta_rule`; g defaults to 0
-    (no decay) and beta to 1. backend: "auto" (one Triton launch on CUDA, the torch recurrence
+    Same conventions, shapes, fla options (``**kwargs``) and errors as
+    :func:`chunk_gated_delta_rule`; g defaults to 0 (no decay) and beta to 1. backend: "auto" (one Triton launch on CUDA, the torch recurrence
     on CPU or when an input requires grad), "torch" (differentiable), or "triton" (CUDA, or
     CPU with TRITON_INTERPRET=1; inference only: raises ValueError when gradients are needed).
 
     Returns ``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] fp32 or None)``."""
-    if g is None and isinstance(v, torch.Tensor):
-        g = v.new_zeros(v.shape[:3], dtype=torch.float32)
+    # beta defaults before fla's options (as in fla, use_beta_sigmoid_in_kernel then acts on
+    # the default), g after them (use_gate_in_kernel needs a g)
     if beta is None and isinstance(v, torch.Tensor):
         beta = v.new_ones(v.shape[:3], dtype=torch.float32)
     if backend not in ("auto", "torch", "triton"):
         raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
-    _check_layout_kwargs(kwargs)
+    g, beta, initial_state, state_v_first = apply_fla_options(
+        kwargs, g, beta, initial_state, "fused_recurrent_gated_delta_rule")
+    if g is None and isinstance(v, torch.Tensor):
+        g = v.new_zeros(v.shape[:3], dtype=torch.float32)
     check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, "auto")
     scale = as_scale(scale, q.shape[-1])
     needs_grad = torch.is_grad_enabled() and any(
@@ -170,9 +171,10 @@ def fused_recurrent_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, ini
                                                output_final_state, cu_seqlens,
                                                use_qk_l2norm_in_kernel)
         ht = ht.float() if ht is not None and ht.dtype != torch.float64 else ht
-        return o.to(q.dtype), ht
+        return o.to(q.dtype), final_state_layout(ht, state_v_first)
     from gdn_fused.kernels.recurrent import fused_recurrent_fwd
     if use_qk_l2norm_in_kernel:
         q, k = l2norm(q), l2norm(k)
-    return fused_recurrent_fwd(q, k, v, g, beta, scale, initial_state,
-                               output_final_state, cu_seqlens)
+    o, ht = fused_recurrent_fwd(q, k, v, g, beta, scale, initial_state,
+                                output_final_state, cu_seqlens)
+    return o, final_state_layout(ht, state_v_first)

@@ -8,7 +8,9 @@ import torch.nn.functional as F
 
 import gdn_fused.layer as layer_module
 from gdn_fused.cache import GatedDeltaNetCache
-from gdn_fused.layer import LOG_DECAY_MIN, RECURRENT_MAX_TOKENS, GatedDeltaNet, gdn_decay
+from gdn_fused.gates import gdn_decay
+from gdn_fused.layer import RECURRENT_MAX_TOKENS, GatedDeltaNet
+from gdn_fused.reference import LOG_DECAY_MIN
 from gdn_fused.reference import recurrent_gated_delta_rule_ref
 from gdn_fused.validation import triton_interpreted
 

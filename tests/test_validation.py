@@ -83,7 +83,7 @@ def test_recurrent_bad_backend_and_shapes():
         fused_recurrent_gated_delta_rule(**args)
 
 
-def test_unknown_kwargs_ignored_and_empty_segment_passes_state():
+def test_head_first_false_accepted_and_empty_segment_passes_state():
     args = good()
     h0 = torch.randn(3, 4, 16, 8)
     o, ht = chunk_gated_delta_rule(**args, initial_state=h0, output_final_state=True,
