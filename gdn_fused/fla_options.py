@@ -15,8 +15,7 @@ log-decays. So each one is either honoured here, with the same meaning as in fla
   states are ``[N, HV, V, K]``;
 - ``cu_seqlens_cpu``, ``chunk_indices``: fla's precomputed helpers; ours are derived from
   ``cu_seqlens``, so these are accepted and not read;
-- ``cp_context`` (context parallelism), ``gv`` (per-channel gates) and ``head_first=True``:
-  not supported, ValueError;
+- ``cp_context`` (context parallelism) and ``head_first=True``: not supported, ValueError;
 - any other keyword: TypeError naming it (fla would drop it silently; a misspelt
   ``output_final_states=True`` would then return no state).
 
@@ -45,7 +44,7 @@ def apply_fla_options(kwargs: dict, g, beta, initial_state, op: str):
     them; pass the final state through :func:`final_state_layout` with ``state_v_first``.
 
     Raises TypeError for an unknown keyword or a non-bool flag, ValueError for unsupported
-    options (``head_first=True``, ``cp_context``, ``gv``) and inconsistent ones (A_log without
+    options (``head_first=True``, ``cp_context``) and inconsistent ones (A_log without
     ``use_gate_in_kernel`` or missing with it, ``allow_neg_eigval`` without
     ``use_beta_sigmoid_in_kernel``, both ``state_v_first`` and ``transpose_state_layout``).
     ``op`` names the function in the messages."""
@@ -53,9 +52,8 @@ def apply_fla_options(kwargs: dict, g, beta, initial_state, op: str):
     if kwargs.pop("head_first", False):
         raise ValueError("head_first=True is not supported: pass q, k, v as [B, T, H, K] "
                          "(fla's default layout)")
-    for name, what in (("cp_context", "context parallelism"), ("gv", "per-channel gates (gv)")):
-        if kwargs.pop(name, None) is not None:
-            raise ValueError(f"{name}: {what} is not supported by {op}")
+    if kwargs.pop("cp_context", None) is not None:
+        raise ValueError(f"cp_context: context parallelism is not supported by {op}")
     state_v_first = _flag(kwargs, "state_v_first")
     if "transpose_state_layout" in kwargs:
         if state_v_first:

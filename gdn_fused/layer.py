@@ -377,7 +377,7 @@ class GatedDeltaNet(nn.Module):
                   and not torch.is_grad_enabled())
         if decode:
             return fused_recurrent_gated_delta_rule(
-                q, k, v, g, beta, initial_state=initial_state, output_final_state=True,
+                q, k, v, g, beta=beta, initial_state=initial_state, output_final_state=True,
                 use_qk_l2norm_in_kernel=True, backend=self._recurrent_backend())
         return chunk_gated_delta_rule(
             q, k, v, g, beta, initial_state=initial_state,

@@ -51,7 +51,7 @@ def resolve_backend(backend: str, q: torch.Tensor, v: torch.Tensor, chunk_size: 
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
-                           output_final_state=False, cu_seqlens=None,
+                           output_final_state=False, *, cu_seqlens=None,
                            use_qk_l2norm_in_kernel=False, chunk_size=64, backend="auto",
                            solve_method="blocked", solve_iters=None, **kwargs):
     """Chunkwise Gated DeltaNet (Yang, Kautz & Hatamizadeh, arXiv:2412.06464, §3.3).
@@ -133,19 +133,28 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
     return o, final_state_layout(ht, state_v_first)
 
 
-def fused_recurrent_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, initial_state=None,
-                                     output_final_state=False, cu_seqlens=None,
-                                     use_qk_l2norm_in_kernel=False, backend="auto", **kwargs):
+def fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=None, scale=None,
+                                     initial_state=None, output_final_state=False, *,
+                                     cu_seqlens=None, use_qk_l2norm_in_kernel=False,
+                                     backend="auto", **kwargs):
     """Token-by-token Gated DeltaNet for decode (a few tokens), state updated in fp32.
 
     Same conventions, shapes, fla options (``**kwargs``) and errors as
-    :func:`chunk_gated_delta_rule`; g defaults to 0 (no decay) and beta to 1. backend: "auto" (one Triton launch on CUDA, the torch recurrence
+    :func:`chunk_gated_delta_rule`; g defaults to 0 (no decay) and beta to 1. The positional
+    order is fla 0.6.0's — ``(q, k, v, g, gk, gv, beta, scale, initial_state,
+    output_final_state)``, the rest keyword-only — so pass beta by keyword; ``gk`` and ``gv``
+    (per-key / per-value gates of fla's other models) must be None (ValueError otherwise). backend: "auto" (one Triton launch on CUDA, the torch recurrence
     on CPU or when an input requires grad), "torch" (differentiable), or "triton" (CUDA, or
     CPU with TRITON_INTERPRET=1; inference only: raises ValueError when gradients are needed).
 
     Returns ``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] fp32 or None)``."""
     # beta defaults before fla's options (as in fla, use_beta_sigmoid_in_kernel then acts on
     # the default), g after them (use_gate_in_kernel needs a g)
+    for name, gate in (("gk", gk), ("gv", gv)):
+        if gate is not None:
+            raise ValueError(f"{name}: per-key / per-value gates are not part of Gated DeltaNet; "
+                             "pass the scalar log-decay as g (and beta by keyword: the "
+                             "positional order is fla's, q, k, v, g, gk, gv, beta)")
     if beta is None and isinstance(v, torch.Tensor):
         beta = v.new_ones(v.shape[:3], dtype=torch.float32)
     if backend not in ("auto", "torch", "triton"):

@@ -85,7 +85,7 @@ def test_materialized_and_decode_take_the_options_alike():
                                    backend="materialized", **opts)
     assert rel_err(o, ref_o) < 1e-5 and rel_err(ht, ref_ht) < 1e-5
     for backend in ("torch", "triton"):
-        o, ht = fused_recurrent_gated_delta_rule(q, k, v, a, b, initial_state=h0_vk,
+        o, ht = fused_recurrent_gated_delta_rule(q, k, v, a, beta=b, initial_state=h0_vk,
                                                  output_final_state=True, backend=backend,
                                                  **opts)
         assert rel_err(o, ref_o) < 1e-5 and rel_err(ht, ref_ht) < 1e-5
@@ -104,7 +104,6 @@ def test_fla_helper_arguments_are_accepted():
 @pytest.mark.parametrize("kwargs,exc,match", [
     (dict(output_final_states=True), TypeError, r"unexpected keyword argument\(s\) \['output_final_states'\]"),
     (dict(cp_context=object()), ValueError, "cp_context: context parallelism"),
-    (dict(gv=torch.zeros(1)), ValueError, r"gv: per-channel gates"),
     (dict(A_log=torch.zeros(HV)), ValueError, "only with use_gate_in_kernel=True"),
     (dict(use_gate_in_kernel=True), ValueError, "needs A_log"),
     (dict(use_gate_in_kernel=True, A_log=torch.zeros(HV + 1)), ValueError, "A_log must have HV"),
@@ -119,4 +118,21 @@ def test_fla_helper_arguments_are_accepted():
 def test_unsupported_or_inconsistent_options_raise_by_name(op, kwargs, exc, match):
     q, k, v, g, beta, _ = make_inputs(1, 5, H, HV, K, V)
     with pytest.raises(exc, match=match):
-        op(q, k, v, g, beta, backend="torch", **kwargs)
+        op(q, k, v, g, beta=beta, backend="torch", **kwargs)
+
+
+def test_positional_order_is_fla_s():
+    """fla's positional order: chunk (q, k, v, g, beta, scale, initial_state,
+    output_final_state), recurrent (q, k, v, g, gk, gv, beta, ...); beyond it keyword-only, so a
+    positional argument meant for fla's next slot raises instead of binding to another one."""
+    q, k, v, g, beta, h0 = make_inputs(1, 5, H, HV, K, V, initial_state=True)
+    o, ht = chunk_gated_delta_rule(q, k, v, g, beta, 0.5, h0, True, backend="torch")
+    o2, ht2 = fused_recurrent_gated_delta_rule(q, k, v, g, None, None, beta, 0.5, h0, True,
+                                               backend="torch")
+    assert rel_err(o2, o) < 1e-5 and rel_err(ht2, ht) < 1e-5
+    with pytest.raises(TypeError):
+        chunk_gated_delta_rule(q, k, v, g, beta, 0.5, h0, True, True)  # fla: qk l2norm
+    with pytest.raises(ValueError, match="gk: per-key"):
+        fused_recurrent_gated_delta_rule(q, k, v, g, beta)  # fla would read beta as gk
+    with pytest.raises(ValueError, match="gv: per-key"):
+        fused_recurrent_gated_delta_rule(q, k, v, g, gv=beta)

@@ -93,7 +93,7 @@ def test_recurrent(case, backend):
     N = len(cu) - 1 if cu is not None else B
     q, k, v, g, b, h = make_inputs(B, T, H, HV, 32, 16, torch.float32, gate, beta, h0, N)
     cu_t = torch.tensor(cu) if cu is not None else None
-    o, ht = fused_recurrent_gated_delta_rule(q, k, v, g, b, initial_state=h,
+    o, ht = fused_recurrent_gated_delta_rule(q, k, v, g, beta=b, initial_state=h,
                                              output_final_state=True, cu_seqlens=cu_t,
                                              backend=backend)
     o_ref, ht_ref = truth(q, k, v, g, b, h, cu_t)
