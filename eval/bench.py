@@ -155,11 +155,60 @@ def bench_stages(B=1, T=32768):
         "chunk_state": lambda: chunk_state(k, w, u, G, h0, True, CHUNK, B, dot_precision=prec),
         "chunk_output": lambda: chunk_output(q, k, v_new, h, G, 0.1, CHUNK, dot_precision=prec),
     }
-    row = {name: 1e3 * triton.testing.do_bench(fn, return_mode="median")
-           for name, fn in stages.items()}
+    gluon = _gluon_state()
+    if gluon is not None:
+        # the experimental warp-specialized state pass (kernels/gluon_state.py), same inputs;
+        # predicted ~0.7 µs per chunk step against chunk_state's 1.65 (docs/fused_design.md)
+        try:
+            h_g, v_new_g, _ = gluon(k, w, u, G, h0, True)
+            print("chunk_state_gluon rel err vs chunk_state: h "
+                  f"{((h_g.float() - h.float()).norm() / h.float().norm()).item():.2e}, v_new "
+                  f"{((v_new_g - v_new).float().norm() / v_new.float().norm()).item():.2e}",
+                  flush=True)
+            stages["chunk_state_gluon"] = lambda: gluon(k, w, u, G, h0, True)
+        except Exception as e:  # experimental: report, keep the other numbers
+            print(f"chunk_state_gluon failed: {e!r}", flush=True)
+    row = {}
+    for name, fn in stages.items():
+        try:
+            row[name] = 1e3 * triton.testing.do_bench(fn, return_mode="median")
+        except Exception as e:  # an experimental stage must not cost the other numbers
+            print(f"{name} failed: {e!r}", flush=True)
     print(f"materialized stages at B={B}, T={T}, µs:", {k: round(v, 1) for k, v in row.items()},
           flush=True)
     return row
+
+
+def _gluon_state():
+    """chunk_state_gluon on a Hopper GPU, else None (the kernel is sm_90a only; set
+    GDN_BENCH_SKIP_GLUON=1 to leave it out, e.g. after its GPU test failed or hung)."""
+    if torch.cuda.get_device_capability()[0] != 9 or os.environ.get("GDN_BENCH_SKIP_GLUON"):
+        return None
+    try:
+        from gdn_fused.kernels.gluon_state import chunk_state_gluon
+    except Exception as e:
+        print(f"gluon_state not importable ({e!r})", flush=True)
+        return None
+    return chunk_state_gluon
+
+
+def sweep_fused(B=1, T=32768):
+    """The fused kernel's open choices (docs/fused_design.md, "Risks"): segments per sequence
+    (the splitting constants are estimates) and chunk size 32 (ptxas: 488 B of spills vs
+    1,520 at 64)."""
+    import triton
+    from gdn_fused.kernels.fused_fwd import fused_fwd
+    q, k, v, g, beta, h0 = make_inputs(B, T)
+    for chunk, segments in [(64, 0), (64, 1), (64, 2), (64, 4), (64, 8), (32, 0), (32, 4)]:
+        fn = lambda: fused_fwd(q, k, v, g, beta, DIM ** -0.5, h0, True, None,  # noqa: E731
+                               chunk_size=chunk, num_segments=segments)
+        try:
+            ms = triton.testing.do_bench(fn, return_mode="median")
+        except Exception as e:
+            print(f"fused chunk={chunk} segments={segments} failed: {e!r}", flush=True)
+            continue
+        print(dict(variant="fused", B=B, T=T, chunk_size=chunk, num_segments=segments or "auto",
+                   ms=ms), flush=True)
 
 
 def sweep_kkt_solve(bandwidth, B=8, T=4096):
@@ -244,14 +293,20 @@ def main(argv=None):
     p.add_argument("--no-kkt", action="store_true", help="skip the kkt_solve benchmark")
     p.add_argument("--kkt-sweep", action="store_true",
                    help="only sweep kkt_solve launch variants, then exit")
+    p.add_argument("--sweep", action="store_true",
+                   help="only sweep launch variants (kkt_solve, the fused kernel's segments and "
+                        "chunk size) and time the materialized stages, then exit")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         p.error("the benchmark needs a CUDA device")
     shapes = ANCHOR_SHAPES if args.shapes == "anchors" else \
         [tuple(int(x) for x in s.split(":")) for s in args.shapes.split(",")]
     bandwidth = copy_bandwidth()
-    if args.kkt_sweep:
+    if args.kkt_sweep or args.sweep:
         sweep_kkt_solve(bandwidth)
+        if args.sweep:
+            bench_stages()
+            sweep_fused()
         return
     fla_chunk, solve_tril = load_fla()
     kkt_row = None if args.no_kkt else bench_kkt_solve(bandwidth, solve_tril)

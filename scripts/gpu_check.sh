@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: GPU tests, then the benchmark (see ../shared/device.md).
-#   bash scripts/gpu_check.sh [pytest -k expression] [extra eval.bench args]
+# One call on the GPU machine: GPU tests, the benchmark and the launch sweeps (../shared/device.md).
+#   bash scripts/gpu_check.sh [pytest -k expression]
 # Needs fla 0.6.0 wheels in .whl/ (carried) for the baseline columns; writes logs under $OUT.
+# The steps share one budget (BUDGET seconds, default 580: a device call runs at most 600), each
+# getting what is left less what the later ones hold back, so a slow step cannot starve the
+# later ones of their logs.
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 FLA_FLASH_QLA=0
@@ -11,9 +14,19 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 else
   export PYTHONPATH=$PWD
 fi
+left() {  # seconds left of the budget, less $1 held back for later steps; at least 10
+  local n=$(( ${BUDGET:-580} - SECONDS - ${1:-0} )); echo $(( n > 10 ? n : 10 )); }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
 KEXPR=${1:-}
-timeout ${GPU_TEST_TIMEOUT:-300} python3 -m pytest -m gpu -q -s -rs --continue-on-collection-errors ${KEXPR:+-k "$KEXPR"} tests/ 2>&1 | tee "$OUT/gpu_tests.log"
-shift || true
-timeout ${BENCH_TIMEOUT:-240} python3 -m eval.bench --out "$OUT/bench" "$@" 2>&1 | tee "$OUT/bench.log"
+# 1. The experimental Gluon kernel alone and first, on a short leash: a wrong mbarrier handshake
+#    deadlocks instead of failing. If it fails or hangs, the benchmark leaves it out.
+timeout 90 python3 -m pytest -m gpu -q -s -rs tests/test_gluon_state.py 2>&1 | tee "$OUT/gluon_tests.log"
+[ "${PIPESTATUS[0]}" = 0 ] || export GDN_BENCH_SKIP_GLUON=1
+# 2. Every other gpu test.
+timeout $(left 280) python3 -m pytest -m gpu -q -s -rs --continue-on-collection-errors \
+  --ignore=tests/test_gluon_state.py ${KEXPR:+-k "$KEXPR"} tests/ 2>&1 | tee "$OUT/gpu_tests.log"
+# 3. The benchmark: forward and forward+backward at the anchor shapes, kkt_solve, stages.
+timeout $(left 100) python3 -m eval.bench --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log"
+# 4. Launch sweeps: kkt_solve variants, stage times (with the Gluon state pass), fused splitting.
+timeout $(left) python3 -m eval.bench --sweep 2>&1 | tee "$OUT/sweep.log"
