@@ -155,6 +155,9 @@ def bench_stages(B=1, T=32768):
         "chunk_state": lambda: chunk_state(k, w, u, G, h0, True, CHUNK, B, dot_precision=prec),
         "chunk_output": lambda: chunk_output(q, k, v_new, h, G, 0.1, CHUNK, dot_precision=prec),
     }
+    for bv in (16, 32, 64):  # state_blocks picks 16 here (fill the SMs); unmeasured so far
+        stages[f"chunk_state BV={bv}"] = lambda bv=bv: chunk_state(
+            k, w, u, G, h0, True, CHUNK, B, dot_precision=prec, block_v=bv)
     gluon = _gluon_state()
     if gluon is not None:
         # the experimental warp-specialized state pass (kernels/gluon_state.py), same inputs;

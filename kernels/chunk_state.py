@@ -70,8 +70,11 @@ def state_blocks(K, V, num_seq_heads, device):
 
 
 def chunk_state(k, w, u, G, initial_state, output_final_state, chunk_size, num_seqs,
-                cu_seqlens=None, chunk_offsets=None, num_chunks=None, dot_precision="ieee"):
-    """Returns (h [NT_total, HV, K, V] in k's dtype, v_new like u, final_state fp32 or None)."""
+                cu_seqlens=None, chunk_offsets=None, num_chunks=None, dot_precision="ieee",
+                block_v=None):
+    """Returns (h [NT_total, HV, K, V] in k's dtype, v_new like u, final_state fp32 or None).
+
+    block_v: value columns per program, overriding :func:`state_blocks` (launch sweeps)."""
     B, T, H, K = k.shape
     HV, V = u.shape[2], u.shape[3]
     NT = num_chunks if cu_seqlens is not None else B * triton.cdiv(T, chunk_size)
@@ -79,6 +82,7 @@ def chunk_state(k, w, u, G, initial_state, output_final_state, chunk_size, num_s
     v_new = torch.empty_like(u)
     ht = k.new_empty(num_seqs, HV, K, V, dtype=torch.float32) if output_final_state else None
     BK, BV = state_blocks(K, V, num_seqs * HV, k.device)
+    BV = block_v or BV
     grid = (triton.cdiv(V, BV), num_seqs * HV)
     chunk_state_kernel[grid](k, w, u, G, h, v_new, initial_state, ht, cu_seqlens, chunk_offsets,
                              T, H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK, BV=BV,
