@@ -230,6 +230,8 @@ def sweep_kkt_solve(bandwidth, B=8, T=4096):
     variants += [dict(diag="doubling", num_warps=2, dot_precision="tf32x3")]
     # register caps (kernels/kkt_solve.py REGISTER_FOOTPRINT): more tiles per SM, some spills
     variants += [dict(num_warps=w, maxnreg=r) for w, r in ((1, 168), (1, 128), (2, 128))]
+    # coupling blocks loaded before the diagonal inversion: one exposed latency per tile
+    variants += [dict(prefetch=True, num_warps=w) for w in (1, 2)]
     variants += [dict(solve_method="newton_schulz", num_warps=w) for w in (1, 4, 8)]
     for kw in variants:
         err = (kkt_solve(A, torch.float32, **kw) - ref).abs().max().item()
@@ -240,7 +242,9 @@ def sweep_kkt_solve(bandwidth, B=8, T=4096):
     from gdn_fused.kernels.kkt_solve import kkt_solve_from_k
     G = chunk_cumsum(g, CHUNK)
     for kw in [dict(num_warps=w) for w in (1, 2, 4)] + [dict(num_warps=1, maxnreg=168),
-                                                        dict(num_warps=2, maxnreg=168)]:
+                                                        dict(num_warps=2, maxnreg=168),
+                                                        dict(num_warps=1, prefetch=True),
+                                                        dict(num_warps=2, prefetch=True)]:
         us = 1e3 * triton.testing.do_bench(
             lambda: kkt_solve_from_k(k, G, beta, HV, CHUNK, torch.bfloat16, **kw),
             return_mode="median")

@@ -162,10 +162,35 @@ def _newton_schulz(A, k, G, beta, bos, seqlen, i_t, i_h, i_hv, H: tl.constexpr,
 
 
 @triton.jit
+def _coupling_blocks(A, k, G, beta, bos, seqlen, i_t, i_h, i_hv, H: tl.constexpr,
+                     HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                     NB: tl.constexpr, BUILD: tl.constexpr, DOT_PREC: tl.constexpr):
+    """The below-diagonal 16×16 blocks (A10, A20, A21, A30, A31, A32); zeros past NB."""
+    zero = tl.zeros([16, 16], dtype=tl.float32)
+    A10, A20, A21, A30, A31, A32 = zero, zero, zero, zero, zero, zero
+    if NB >= 2:
+        A10 = _a_block(A, k, G, beta, bos, seqlen, i_t, i_h, i_hv, H, HV, K, BT, BK, 1, 0,
+                       BUILD, DOT_PREC)
+    if NB == 4:
+        A20 = _a_block(A, k, G, beta, bos, seqlen, i_t, i_h, i_hv, H, HV, K, BT, BK, 2, 0,
+                       BUILD, DOT_PREC)
+        A21 = _a_block(A, k, G, beta, bos, seqlen, i_t, i_h, i_hv, H, HV, K, BT, BK, 2, 1,
+                       BUILD, DOT_PREC)
+        A30 = _a_block(A, k, G, beta, bos, seqlen, i_t, i_h, i_hv, H, HV, K, BT, BK, 3, 0,
+                       BUILD, DOT_PREC)
+        A31 = _a_block(A, k, G, beta, bos, seqlen, i_t, i_h, i_hv, H, HV, K, BT, BK, 3, 1,
+                       BUILD, DOT_PREC)
+        A32 = _a_block(A, k, G, beta, bos, seqlen, i_t, i_h, i_hv, H, HV, K, BT, BK, 3, 2,
+                       BUILD, DOT_PREC)
+    return A10, A20, A21, A30, A31, A32
+
+
+@triton.jit
 def kkt_solve_kernel(A, k, G, beta, Ai, cu_seqlens, chunk_indices, T, H: tl.constexpr,
                      HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                      IS_VARLEN: tl.constexpr, BUILD: tl.constexpr, METHOD: tl.constexpr,
-                     NS_ITERS: tl.constexpr, DOT_PREC: tl.constexpr, DIAG: tl.constexpr):
+                     NS_ITERS: tl.constexpr, DOT_PREC: tl.constexpr, DIAG: tl.constexpr,
+                     PREFETCH: tl.constexpr = False):
     i_t, i_hv, i_h, bos, seqlen = chunk_head_program(T, cu_seqlens, chunk_indices, H, HV,
                                                      IS_VARLEN)
     t_base = Ai + (bos * HV + i_hv) * BT
@@ -178,6 +203,12 @@ def kkt_solve_kernel(A, k, G, beta, Ai, cu_seqlens, chunk_indices, T, H: tl.cons
         return
     NB: tl.constexpr = BT // 16
     nb = tl.arange(0, NB)[:, None, None]
+    if PREFETCH:
+        # every coupling block's load issued before the diagonal inversion, so one memory
+        # latency is exposed per tile instead of one per load site (costs registers: the sweep
+        # decides, see REGISTER_FOOTPRINT)
+        P = _coupling_blocks(A, k, G, beta, bos, seqlen, i_t, i_h, i_hv, H, HV, K, BT, BK, NB,
+                             BUILD, DOT_PREC)
     # the NB diagonal blocks, stacked, so their inversions run side by side
     L3 = tl.zeros([NB, 16, 16], dtype=tl.float32)
     for b in tl.static_range(NB):
@@ -189,13 +220,15 @@ def kkt_solve_kernel(A, k, G, beta, Ai, cu_seqlens, chunk_indices, T, H: tl.cons
         T3 = double_diagonal_blocks(L3, DOT_PREC)
     else:
         T3 = invert_diagonal_blocks(L3, NB)
+    if not PREFETCH:
+        P = _coupling_blocks(A, k, G, beta, bos, seqlen, i_t, i_h, i_hv, H, HV, K, BT, BK, NB,
+                             BUILD, DOT_PREC)
+    A10, A20, A21, A30, A31, A32 = P
     zero = tl.zeros([16, 16], dtype=tl.float32)
     T00 = _block_of(T3, 0, NB)
     _store_block(t_base, S, i_t, seqlen, T00, BT, 0, 0)
     if NB >= 2:
         T11 = _block_of(T3, 1, NB)
-        A10 = _a_block(A, k, G, beta, bos, seqlen, i_t, i_h, i_hv, H, HV, K, BT, BK, 1, 0, BUILD,
-                       DOT_PREC)
         T10 = -tl.dot(T11, tl.dot(A10, T00, input_precision=DOT_PREC), input_precision=DOT_PREC)
         _store_block(t_base, S, i_t, seqlen, zero, BT, 0, 1)
         _store_block(t_base, S, i_t, seqlen, T10, BT, 1, 0)
@@ -203,16 +236,6 @@ def kkt_solve_kernel(A, k, G, beta, Ai, cu_seqlens, chunk_indices, T, H: tl.cons
     if NB == 4:
         T22 = _block_of(T3, 2, NB)
         T33 = _block_of(T3, 3, NB)
-        A20 = _a_block(A, k, G, beta, bos, seqlen, i_t, i_h, i_hv, H, HV, K, BT, BK, 2, 0, BUILD,
-                       DOT_PREC)
-        A21 = _a_block(A, k, G, beta, bos, seqlen, i_t, i_h, i_hv, H, HV, K, BT, BK, 2, 1, BUILD,
-                       DOT_PREC)
-        A30 = _a_block(A, k, G, beta, bos, seqlen, i_t, i_h, i_hv, H, HV, K, BT, BK, 3, 0, BUILD,
-                       DOT_PREC)
-        A31 = _a_block(A, k, G, beta, bos, seqlen, i_t, i_h, i_hv, H, HV, K, BT, BK, 3, 1, BUILD,
-                       DOT_PREC)
-        A32 = _a_block(A, k, G, beta, bos, seqlen, i_t, i_h, i_hv, H, HV, K, BT, BK, 3, 2, BUILD,
-                       DOT_PREC)
         # first sub-diagonal: independent of each other
         T21 = -tl.dot(T22, tl.dot(A21, T11, input_precision=DOT_PREC), input_precision=DOT_PREC)
         T32 = -tl.dot(T33, tl.dot(A32, T22, input_precision=DOT_PREC), input_precision=DOT_PREC)
@@ -256,6 +279,9 @@ NUM_WARPS = {"blocked": 1, "mxr": 1, "newton_schulz": 4}
 #   from A (K = 16):          1 warp 255 / 272   2 warps 226 / 0    4 warps 192 / 0
 #   built from k (K = 128):   1 warp 255 / 1400  2 warps 255 / 300  4 warps 255 / 164
 #   1 warp capped at 128:     from A 128 / 1016, from k 128 / 4484
+# (after the coupling blocks became one _coupling_blocks call: from A 255 / 220 at 1 warp,
+# 212 / 0 at 2; from k 255 / 1124 and 255 / 428; with prefetch=True from A 255 / 232, from k
+# 255 / 1836 — there "prefetch" also moves the blocks' K Kᵀ products forward.)
 # A tile's footprint (registers × threads) sets how many tiles an SM holds: 8 at 1 warp, 4 at
 # 2, 2 at 4 — the order of the measured times above, so the kernel is bound by tiles in flight
 # (latency × occupancy), not by bandwidth. A 128-register cap would double the tiles per SM at
@@ -282,14 +308,15 @@ def _solve_args(solve_method, solve_iters, C):
 
 def kkt_solve(A, output_dtype=torch.float32, cu_seqlens=None, chunk_indices=None,
               num_chunks=None, dot_precision=DOT_PRECISION, solve_method="blocked", solve_iters=None,
-              num_warps=None, diag="substitution", maxnreg=None):
+              num_warps=None, diag="substitution", maxnreg=None, prefetch=False):
     """(I + A)⁻¹ per chunk. A: [B, T, HV, C] fp32 strictly lower (row t holds its chunk row;
     C in {16, 32, 64}); returns T of the same shape in ``output_dtype`` (fp32 or the input dtype).
 
     solve_method: "blocked" (default), "mxr" or "newton_schulz" (``solve_iters`` steps, default
     2·log2(C) + 2). num_warps: default NUM_WARPS[solve_method]; maxnreg: a register cap per
-    thread for ptxas (launch sweeps only, see REGISTER_FOOTPRINT). Raises ValueError for another
-    chunk size or method."""
+    thread for ptxas and prefetch: load the coupling blocks before the diagonal inversion
+    (launch sweeps only, see REGISTER_FOOTPRINT). Raises ValueError for another chunk size or
+    method."""
     B, T, HV, C = A.shape
     if C not in (16, 32, 64):
         raise ValueError(f"chunk size (A.shape[-1]) must be 16, 32 or 64, got {C}")
@@ -299,7 +326,7 @@ def kkt_solve(A, output_dtype=torch.float32, cu_seqlens=None, chunk_indices=None
     kkt_solve_kernel[(NT, B * HV)](A, None, None, None, Ai, cu_seqlens, chunk_indices, T, H=1,
                                    HV=HV, K=16, BT=C, BK=16, IS_VARLEN=cu_seqlens is not None,
                                    BUILD=False, METHOD=solve_method, NS_ITERS=iters,
-                                   DOT_PREC=dot_precision, DIAG=diag,
+                                   DOT_PREC=dot_precision, DIAG=diag, PREFETCH=prefetch,
                                    num_warps=num_warps or NUM_WARPS[solve_method],
                                    **_register_cap(maxnreg))
     return Ai
@@ -309,7 +336,7 @@ def kkt_solve_from_k(k, G, beta, num_value_heads, chunk_size, output_dtype=torch
                      cu_seqlens=None, chunk_indices=None, num_chunks=None,
                      dot_precision=DOT_PRECISION,
                      solve_method="blocked", solve_iters=None, num_warps=None,
-                     diag="substitution", maxnreg=None):
+                     diag="substitution", maxnreg=None, prefetch=False):
     """The fused kkt variant: T = (I + strictLower(diag(β)(Γ ⊙ K Kᵀ)))⁻¹ built from k [B,T,H,K],
     G (chunk-cumulated, fp64) and beta [B,T,HV] on chip, without writing A to HBM.
 
@@ -323,6 +350,7 @@ def kkt_solve_from_k(k, G, beta, num_value_heads, chunk_size, output_dtype=torch
                                    HV=HV, K=K, BT=C, BK=max(16, triton.next_power_of_2(K)),
                                    IS_VARLEN=cu_seqlens is not None, BUILD=True,
                                    METHOD=solve_method, NS_ITERS=iters, DOT_PREC=dot_precision,
-                                   DIAG=diag, num_warps=num_warps or NUM_WARPS[solve_method],
+                                   DIAG=diag, PREFETCH=prefetch,
+                                   num_warps=num_warps or NUM_WARPS[solve_method],
                                    **_register_cap(maxnreg))
     return Ai

@@ -39,6 +39,17 @@ def test_methods_against_fp64(C, method):
     assert (Af - Ai).abs().max() <= 1e-6
 
 
+@pytest.mark.parametrize("C", [16, 32, 64])
+@pytest.mark.parametrize("method", ["blocked", "mxr"])
+def test_prefetched_coupling_blocks_give_the_same_inverse(C, method):
+    """prefetch only moves the coupling blocks' loads (a launch-sweep variant): same values."""
+    k, G, beta, A = setup(C)
+    assert torch.equal(kkt_solve(A, solve_method=method, prefetch=True),
+                       kkt_solve(A, solve_method=method))
+    assert torch.equal(kkt_solve_from_k(k, G, beta, 2, C, solve_method=method, prefetch=True),
+                       kkt_solve_from_k(k, G, beta, 2, C, solve_method=method))
+
+
 def test_newton_schulz_too_few_iterations_is_wrong():
     """The paper's collapse: 2 steps from X₀ = I/C leave most of the residual."""
     k, G, beta, A = setup(64)
