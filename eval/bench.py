@@ -182,6 +182,61 @@ def bench_stages(B=1, T=32768):
     return row
 
 
+def bench_bwd_stages(B=1, T=32768):
+    """Time of each backward kernel at one shape (kernels/chunk_bwd.py's sequence: the forward
+    recompute, then dv_local, the reverse state pass, dq/dk/dw/dg, wu_bwd): where the
+    backward's time goes, before any of it is optimised."""
+    import triton
+    from gdn_fused.kernels.chunk_bwd_dqkwg import chunk_bwd_dqkwg
+    from gdn_fused.kernels.chunk_bwd_dv import chunk_bwd_dv_local
+    from gdn_fused.kernels.chunk_bwd_state import chunk_bwd_state
+    from gdn_fused.kernels.chunk_gate import chunk_cumsum
+    from gdn_fused.kernels.chunk_index import chunk_layout
+    from gdn_fused.kernels.chunk_state import chunk_state
+    from gdn_fused.kernels.kkt import dot_precision
+    from gdn_fused.kernels.kkt_solve import kkt_solve_from_k
+    from gdn_fused.kernels.wu import recompute_w_u
+    from gdn_fused.kernels.wu_bwd import wu_bwd
+    q, k, v, g, beta, h0 = make_inputs(B, T)
+    do, dht, scale = torch.randn_like(v), torch.randn_like(h0), DIM ** -0.5
+    prec = dot_precision(q.dtype)
+    N, offsets, idx = chunk_layout(None, B, CHUNK)
+    G = chunk_cumsum(g, CHUNK, **idx)
+    Ai = kkt_solve_from_k(k, G, beta, HV, CHUNK, torch.float32, **idx)
+    w, u = recompute_w_u(k, v, G, beta, Ai, dot_precision=prec, **idx)
+    h, v_new, _ = chunk_state(k, w, u, G, h0, False, CHUNK, N, chunk_offsets=offsets,
+                              num_chunks=idx["num_chunks"], dot_precision=prec)
+    dv_local = chunk_bwd_dv_local(q, k, g, do, scale, CHUNK, dot_precision=prec, **idx)
+    dh, dv2, _ = chunk_bwd_state(q, k, w, g, do, dv_local, scale, dht, h0, CHUNK, N,
+                                 chunk_offsets=offsets, num_chunks=idx["num_chunks"],
+                                 dot_precision=prec)
+    dq, dk, dw, dg_part = chunk_bwd_dqkwg(q, k, v_new, h, dh, g, do, dv2, scale, CHUNK,
+                                          chunk_offsets=offsets, dot_precision=prec, **idx)
+    stages = {
+        "recompute: kkt_solve_from_k (fp32 T)": lambda: kkt_solve_from_k(
+            k, G, beta, HV, CHUNK, torch.float32, **idx),
+        "recompute: w, u": lambda: recompute_w_u(k, v, G, beta, Ai, dot_precision=prec, **idx),
+        "recompute: chunk_state": lambda: chunk_state(
+            k, w, u, G, h0, False, CHUNK, N, chunk_offsets=offsets,
+            num_chunks=idx["num_chunks"], dot_precision=prec),
+        "chunk_bwd_dv_local": lambda: chunk_bwd_dv_local(q, k, g, do, scale, CHUNK,
+                                                         dot_precision=prec, **idx),
+        "chunk_bwd_state": lambda: chunk_bwd_state(
+            q, k, w, g, do, dv_local, scale, dht, h0, CHUNK, N, chunk_offsets=offsets,
+            num_chunks=idx["num_chunks"], dot_precision=prec),
+        "chunk_bwd_dqkwg": lambda: chunk_bwd_dqkwg(
+            q, k, v_new, h, dh, g, do, dv2, scale, CHUNK, chunk_offsets=offsets,
+            dot_precision=prec, **idx),
+        "wu_bwd": lambda: wu_bwd(k, v, g, beta, Ai, dw, dv2, dk, dg_part, CHUNK,
+                                 dot_precision=prec, **idx),
+    }
+    row = {name: 1e3 * triton.testing.do_bench(fn, return_mode="median")
+           for name, fn in stages.items()}
+    print(f"backward stages at B={B}, T={T}, µs:", {k: round(v, 1) for k, v in row.items()},
+          flush=True)
+    return row
+
+
 def _gluon_state():
     """chunk_state_gluon on a Hopper GPU, else None (the kernel is sm_90a only; set
     GDN_BENCH_SKIP_GLUON=1 to leave it out, e.g. after its GPU test failed or hung)."""
@@ -313,6 +368,7 @@ def main(argv=None):
         sweep_kkt_solve(bandwidth)
         if args.sweep:
             bench_stages()
+            bench_bwd_stages()
             sweep_fused()
         return
     fla_chunk, solve_tril = load_fla()
