@@ -121,8 +121,9 @@ def _fused_fwd(num_segments: int = 1):
 
 
 def _gluon_state():
+    from gdn_fused.kernels.gluon_ring import descriptor_layout
     from gdn_fused.kernels.gluon_state import (DESCRIPTOR_BLOCKS, NUM_STAGES,
-                                               chunk_state_gluon_kernel, descriptor_layout)
+                                               chunk_state_gluon_kernel)
     sig = {f"{n}_desc": tensordesc("bf16", b, descriptor_layout(b))
            for n, b in DESCRIPTOR_BLOCKS.items()}
     sig.update(G="*fp64", v_new="*bf16", h0="*fp32", ht="*fp32", T="i32")
@@ -131,10 +132,23 @@ def _gluon_state():
     return chunk_state_gluon_kernel, sig, consts
 
 
+def _gluon_state_output():
+    from gdn_fused.kernels.gluon_state_output import (DESCRIPTOR_BLOCKS, NUM_STAGES,
+                                                      chunk_state_output_gluon_kernel)
+    from gdn_fused.kernels.gluon_ring import descriptor_layout
+    sig = {f"{n}_desc": tensordesc("bf16", b, descriptor_layout(b))
+           for n, b in DESCRIPTOR_BLOCKS.items()}
+    sig.update(G="*fp64", o="*bf16", h0="*fp32", ht="*fp32", scale="fp32", T="i32")
+    consts = dict(H=16, HV=32, K=128, V=128, USE_INITIAL_STATE=True, STORE_FINAL_STATE=True,
+                  STAGES=NUM_STAGES)
+    return chunk_state_output_gluon_kernel, sig, consts
+
+
 # name → (builder of (fn, signature, constexprs), launch options as the package launches it)
 def _kernels() -> dict:
     from gdn_fused.kernels.fused_fwd import launch_config
     from gdn_fused.kernels.gluon_state import MAXNREG
+    from gdn_fused.kernels.gluon_state_output import MAXNREG as FUSED_MAXNREG
     from gdn_fused.kernels.kkt_solve import NUM_WARPS
     return {
         "kkt_solve blocked (A in)": (lambda: _kkt_solve(False), dict(num_warps=NUM_WARPS["blocked"])),
@@ -143,6 +157,8 @@ def _kernels() -> dict:
                                                 dict(num_warps=NUM_WARPS["newton_schulz"])),
         "fused forward": (lambda: _fused_fwd(1), launch_config(128)[1]),
         "chunk_state gluon (experimental)": (_gluon_state, dict(num_warps=4, maxnreg=MAXNREG)),
+        "chunk_state+output gluon (experimental)": (_gluon_state_output,
+                                                    dict(num_warps=4, maxnreg=FUSED_MAXNREG)),
     }
 
 

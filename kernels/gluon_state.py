@@ -12,7 +12,7 @@ Per sequence, value head and block of BV = 64 value columns, over chunks c of C 
 Why this shape:
 
 - The recurrence is sequential over chunks, so the only overlap to win is loading chunk c+1's
-  k, w, u while chunk c computes. One producer warp (``_load_partition``, 24 registers) issues
+  k, w, u while chunk c computes. One producer warp (``gluon_ring.load_ring``, 24 registers) issues
   TMA loads into a 2-stage ring guarded by ready/empty mbarriers; the consumer warpgroup keeps
   S (128 × 64 fp32 = 64 registers a thread) in registers for the whole sequence.
 - Both products are warpgroup MMAs with shared operands: W S needs S as the B operand, so S
@@ -35,38 +35,18 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from gdn_fused.kernels.gluon_ring import (LOAD_REGS, LOAD_WARPS, accumulator_layout,
+                                          descriptor_layout, initial_state, load_ring,
+                                          ring_barriers, ring_buffers, ring_program, state_tile)
+
 CHUNK = 64
 HEAD_DIM = 128
 BV = 64  # value columns per program: S is 128 × 64 fp32, half the registers of a warpgroup
 NUM_STAGES = 2  # ring depth of k/w/u tiles: chunk c+1 loads while chunk c computes
-LOAD_WARPS = gl.constexpr(1)
-LOAD_REGS = gl.constexpr(24)  # the minimum setmaxnreg budget; the producer holds only scalars
 # 8 warps (the consumer warpgroup and the producer's, padded to 4) × 128 registers: two programs
 # fit an SM's 64K registers, as two fit its shared memory (104 KB each). setmaxnreg then gives
 # the consumer 232 registers (ptxas: no spills) and the producer 24.
 MAXNREG = 128
-
-
-@gluon.jit
-def _load_partition(descs, bufs, bars, row0, k_col, w_col, u_col, NT):
-    k_desc, w_desc, u_desc = descs
-    k_bufs, w_bufs, u_bufs = bufs
-    ready, empty = bars
-    BT: gl.constexpr = k_desc.block_type.shape[0]
-    STAGES: gl.constexpr = k_bufs.type.shape[0]
-    nbytes: gl.constexpr = (k_desc.block_type.nbytes + w_desc.block_type.nbytes +
-                            u_desc.block_type.nbytes)
-    for i_t in range(NT):
-        s = i_t % STAGES
-        phase = (i_t // STAGES) & 1
-        # mbarriers start as if phase 1 completed: the first STAGES waits pass at once
-        mbarrier.wait(empty.index(s), phase ^ 1)
-        bar = ready.index(s)
-        mbarrier.expect(bar, nbytes)
-        row = row0 + i_t * BT
-        tma.async_copy_global_to_shared(k_desc, [row, k_col], bar, k_bufs.index(s))
-        tma.async_copy_global_to_shared(w_desc, [row, w_col], bar, w_bufs.index(s))
-        tma.async_copy_global_to_shared(u_desc, [row, u_col], bar, u_bufs.index(s))
 
 
 @gluon.jit
@@ -78,19 +58,12 @@ def _state_partition(bufs, bars, s_smem, vn_smem, h_desc, G, v_new, h0, ht, T, N
     BT: gl.constexpr = k_bufs.type.shape[1]
     BV: gl.constexpr = u_bufs.type.shape[2]
     STAGES: gl.constexpr = k_bufs.type.shape[0]
-    # one warpgroup: each warp owns 16-row slabs, N = BV per instruction
-    acc: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, BV, 16])
+    acc: gl.constexpr = accumulator_layout(BV)
     rows_l: gl.constexpr = gl.SliceLayout(1, acc)
     cols_l: gl.constexpr = gl.SliceLayout(0, acc)
-    o_k = gl.arange(0, K, layout=rows_l)
     o_t = gl.arange(0, BT, layout=rows_l)
     o_v = gl.arange(0, BV, layout=cols_l)
-    p_state = (i_n * HV + i_hv).to(gl.int64) * K * V + o_k[:, None] * V + i_v * BV + o_v[None, :]
-    if USE_INITIAL_STATE:
-        S = gl.load(h0 + p_state)
-    else:
-        S = gl.zeros([K, BV], gl.float32, acc)
+    S = initial_state(h0, i_n, i_hv, i_v, HV, K, V, BV, acc, USE_INITIAL_STATE)
     bos = i_n * T
     for i_t in range(NT):
         s = i_t % STAGES
@@ -125,7 +98,7 @@ def _state_partition(bufs, bars, s_smem, vn_smem, h_desc, G, v_new, h0, ht, T, N
         mbarrier.arrive(empty.index(s), count=1)
     tma.store_wait(0)
     if STORE_FINAL_STATE:
-        gl.store(ht + p_state, S)
+        gl.store(state_tile(ht, i_n, i_hv, i_v, HV, K, V, BV, acc), S)
 
 
 @gluon.jit
@@ -135,38 +108,22 @@ def chunk_state_gluon_kernel(k_desc, w_desc, u_desc, h_desc, G, v_new, h0, ht, T
                              STORE_FINAL_STATE: gl.constexpr, STAGES: gl.constexpr):
     BT: gl.constexpr = k_desc.block_type.shape[0]
     BV: gl.constexpr = u_desc.block_type.shape[1]
-    i_v, i_nh = gl.program_id(0), gl.program_id(1)
-    i_n, i_hv = i_nh // HV, i_nh % HV
-    i_h = i_hv // (HV // H)
+    i_v, i_n, i_hv, i_h = ring_program(H, HV)
     NT = gl.cdiv(T, BT)
-    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape,
-                                       k_desc.layout)
-    w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape,
-                                       w_desc.layout)
-    u_bufs = gl.allocate_shared_memory(u_desc.dtype, [STAGES] + u_desc.block_type.shape,
-                                       u_desc.layout)
+    k_bufs = ring_buffers(k_desc, STAGES)
+    w_bufs = ring_buffers(w_desc, STAGES)
+    u_bufs = ring_buffers(u_desc, STAGES)
     s_smem = gl.allocate_shared_memory(h_desc.dtype, h_desc.block_type.shape, h_desc.layout)
     vn_smem = gl.allocate_shared_memory(
         gl.bfloat16, [BT, BV], gl.NVMMASharedLayout.get_default_for([BT, BV], gl.bfloat16))
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
     bufs = (k_bufs, w_bufs, u_bufs)
-    bars = (ready, empty)
+    bars = ring_barriers(STAGES)
     gl.warp_specialize([
         (_state_partition, (bufs, bars, s_smem, vn_smem, h_desc, G, v_new, h0, ht, T, NT, i_n,
                             i_hv, i_v, HV, K, V, USE_INITIAL_STATE, STORE_FINAL_STATE)),
-        (_load_partition, ((k_desc, w_desc, u_desc), bufs, bars, i_n * T, i_h * K, i_hv * K,
-                           i_hv * V + i_v * BV, NT)),
+        (load_ring, ((k_desc, w_desc, u_desc), bufs, (i_h * K, i_hv * K, i_hv * V + i_v * BV),
+                     bars, i_n * T, NT)),
     ], [LOAD_WARPS], [LOAD_REGS])
-
-
-def descriptor_layout(block):
-    """The shared layout of a bf16 TMA tile: the widest swizzle (128 B for 64+ columns), which
-    is also what warpgroup MMA reads without bank conflicts."""
-    return gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16)
 
 
 # TMA block shape of each descriptor argument: k, w [C, K]; u [C, BV]; h [K, BV]

@@ -23,9 +23,14 @@ KEXPR=${1:-}
 #    deadlocks instead of failing. If it fails or hangs, the benchmark leaves it out.
 timeout 90 python3 -m pytest -m gpu -q -s -rs tests/test_gluon_state.py 2>&1 | tee "$OUT/gluon_tests.log"
 [ "${PIPESTATUS[0]}" = 0 ] || export GDN_BENCH_SKIP_GLUON=1
+#    The experimental fused state + output Gluon kernel, on its own leash (its failure does not
+#    take the state pass out of the benchmark).
+timeout 60 python3 -m pytest -m gpu -q -s -rs tests/test_gluon_state_output.py 2>&1 | \
+  tee "$OUT/gluon_output_tests.log"
 # 2. Every other gpu test.
 timeout $(left 280) python3 -m pytest -m gpu -q -s -rs --continue-on-collection-errors \
-  --ignore=tests/test_gluon_state.py ${KEXPR:+-k "$KEXPR"} tests/ 2>&1 | tee "$OUT/gpu_tests.log"
+  --ignore=tests/test_gluon_state.py --ignore=tests/test_gluon_state_output.py \
+  ${KEXPR:+-k "$KEXPR"} tests/ 2>&1 | tee "$OUT/gpu_tests.log"
 # 3. The benchmark: forward and forward+backward at the anchor shapes, kkt_solve, stages.
 timeout $(left 100) python3 -m eval.bench --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log"
 # 4. Launch sweeps: kkt_solve variants, stage times (with the Gluon state pass), fused splitting.

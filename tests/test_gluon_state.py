@@ -42,18 +42,19 @@ def test_unsupported_inputs_are_refused():
         gluon_state.chunk_state_gluon(k.float(), w, w, G, None, False)
 
 
-def _state_inputs(B, T, H, HV, initial_state, seed):
-    """k, w, u, G, h0 as the materialized forward makes them (bf16, K = V = 128)."""
+def state_inputs(B, T, H, HV, initial_state, seed, gate="normal"):
+    """q, k, w, u, G, h0 as the materialized forward makes them (bf16, K = V = 128)."""
     from gdn_fused.kernels.chunk_gate import chunk_cumsum
     from gdn_fused.kernels.kkt import dot_precision
     from gdn_fused.kernels.kkt_solve import kkt_solve_from_k
     from gdn_fused.kernels.wu import recompute_w_u
-    _, k, v, g, beta, h0 = make_inputs(B, T, H, HV, 128, 128, torch.bfloat16,
-                                       initial_state=initial_state, device="cuda", seed=seed)
+    q, k, v, g, beta, h0 = make_inputs(B, T, H, HV, 128, 128, torch.bfloat16,
+                                       initial_state=initial_state, device="cuda", seed=seed,
+                                       gate=gate)
     G = chunk_cumsum(g, 64)
     Ai = kkt_solve_from_k(k, G, beta, HV, 64, torch.bfloat16)
     w, u = recompute_w_u(k, v, G, beta, Ai, dot_precision=dot_precision(k.dtype))
-    return k, w, u, G, h0
+    return q, k, w, u, G, h0
 
 
 @pytest.mark.gpu
@@ -68,7 +69,7 @@ def test_matches_chunk_state(B, T, H, HV, initial_state):
     from gdn_fused.kernels.kkt import dot_precision
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("warpgroup MMA and setmaxnreg need sm_90 (Hopper)")
-    k, w, u, G, h0 = _state_inputs(B, T, H, HV, initial_state, seed=T + HV)
+    _, k, w, u, G, h0 = state_inputs(B, T, H, HV, initial_state, seed=T + HV)
     h, v_new, ht = gluon_state.chunk_state_gluon(k, w, u, G, h0, True)
     h_ref, v_ref, ht_ref = chunk_state(k, w, u, G, h0, True, 64, B,
                                        dot_precision=dot_precision(k.dtype))

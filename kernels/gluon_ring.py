@@ -1,0 +1,103 @@
+"""What the experimental warp-specialized Gluon kernels (gluon_state, gluon_state_output) share:
+the TMA producer, in which one warp streams a chunk's tiles into a ring of shared-memory
+stages, a ready/empty mbarrier pair per stage, while the consumer warpgroup works on the
+previous chunk; the ring's buffers and barriers; the program's place in the grid; the
+consumer's accumulator layout and its state tile.
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+
+LOAD_WARPS = gl.constexpr(1)
+LOAD_REGS = gl.constexpr(24)  # the minimum setmaxnreg budget; the producer holds only scalars
+
+
+@gluon.constexpr_function
+def _tile_bytes(descs):
+    """The bytes one chunk's tiles bring: the transaction count its ready barrier waits for."""
+    return sum(d.block_type.nbytes for d in descs)
+
+
+@gluon.jit
+def load_ring(descs, bufs, cols, bars, row0, NT):
+    """Chunk i_t of every descriptor in ``descs`` (rows row0 + i_t·BT, column ``cols[i]``) into
+    stage i_t % STAGES of ``bufs[i]``, once the consumer has released that stage."""
+    ready, empty = bars
+    BT: gl.constexpr = descs[0].block_type.shape[0]
+    STAGES: gl.constexpr = bufs[0].type.shape[0]
+    nbytes: gl.constexpr = _tile_bytes(descs)
+    for i_t in range(NT):
+        s = i_t % STAGES
+        phase = (i_t // STAGES) & 1
+        # mbarriers start as if phase 1 completed: the first STAGES waits pass at once
+        mbarrier.wait(empty.index(s), phase ^ 1)
+        bar = ready.index(s)
+        mbarrier.expect(bar, nbytes)
+        row = row0 + i_t * BT
+        for j in gl.static_range(len(descs)):
+            tma.async_copy_global_to_shared(descs[j], [row, cols[j]], bar, bufs[j].index(s))
+
+
+@gluon.jit
+def ring_program(H: gl.constexpr, HV: gl.constexpr):
+    """(i_v, i_n, i_hv, i_h) of a program on the grid (V / BV, B·HV): its value block,
+    sequence, value head and the key head that value head reads (HV / H value heads a key
+    head)."""
+    i_v, i_nh = gl.program_id(0), gl.program_id(1)
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    return i_v, i_n, i_hv, i_hv // (HV // H)
+
+
+@gluon.jit
+def ring_buffers(desc, STAGES: gl.constexpr):
+    """STAGES tiles of ``desc``'s block, in its (TMA) shared layout."""
+    return gl.allocate_shared_memory(desc.dtype, [STAGES] + desc.block_type.shape, desc.layout)
+
+
+@gluon.jit
+def ring_barriers(STAGES: gl.constexpr):
+    """(ready, empty): one mbarrier of each per stage, arrival count 1 (the TMA transaction for
+    ready, the consumer warpgroup's single arrive for empty)."""
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    return ready, empty
+
+
+@gluon.constexpr_function
+def accumulator_layout(N):
+    """One warpgroup's wgmma accumulator: each warp owns 16-row slabs, N columns an
+    instruction."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                     instr_shape=[16, N, 16])
+
+
+@gluon.jit
+def state_tile(ptr, i_n, i_hv, i_v, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
+               BV: gl.constexpr, layout: gl.constexpr):
+    """Pointers to value block i_v ([K, BV]) of the [B, HV, K, V] state of sequence i_n, value
+    head i_hv. Build it where it is used, not once for the loop's two ends: a [K, BV] tile of
+    64-bit pointers kept live across the chunk loop takes 2·K·BV / 128 registers a thread."""
+    o_k = gl.arange(0, K, layout=gl.SliceLayout(1, layout))
+    o_v = gl.arange(0, BV, layout=gl.SliceLayout(0, layout))
+    return (ptr + (i_n * HV + i_hv).to(gl.int64) * K * V + i_v * BV) + \
+        (o_k[:, None] * V + o_v[None, :])
+
+
+@gluon.jit
+def initial_state(h0, i_n, i_hv, i_v, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
+                  BV: gl.constexpr, layout: gl.constexpr, USE_INITIAL_STATE: gl.constexpr):
+    """The consumer's fp32 state tile before the first chunk: h0's block, or zeros."""
+    if USE_INITIAL_STATE:
+        S = gl.load(state_tile(h0, i_n, i_hv, i_v, HV, K, V, BV, layout))
+    else:
+        S = gl.zeros([K, BV], gl.float32, layout)
+    return S
+
+
+def descriptor_layout(block):
+    """The shared layout of a bf16 TMA tile: the widest swizzle (128 B for 64+ columns), which
+    is also what warpgroup MMA reads without bank conflicts."""
+    return gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16)
