@@ -5,7 +5,7 @@ import logging
 
 import torch
 
-from gdn_fused.fla_options import apply_fla_options, final_state_layout
+from gdn_fused.fla_options import parse_fla_options
 from gdn_fused.reference import (LOG_DECAY_MIN, chunk_gated_delta_rule_ref, l2norm,
                                  recurrent_gated_delta_rule_ref)
 from gdn_fused.validation import (as_chunk_size, as_scale, check_device_for_backend,
@@ -106,9 +106,10 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
         under the interpreter, and for unknown or unsupported keywords (``head_first=True``,
         ``cp_context``).
     """
-    g, beta, initial_state, state_v_first = apply_fla_options(
-        kwargs, g, beta, initial_state, "chunk_gated_delta_rule")
-    check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, backend)
+    fla = parse_fla_options(kwargs, "chunk_gated_delta_rule")
+    initial_state = fla.state_in(initial_state)
+    check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, backend, fla.state_v_first)
+    g, beta = fla.gates(g, beta)
     chunk_size = as_chunk_size(chunk_size)
     scale = as_scale(scale, q.shape[-1])
     backend = resolve_backend(backend, q, v, chunk_size)
@@ -124,13 +125,13 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
                                            use_qk_l2norm_in_kernel, chunk_size,
                                            solve_method, solve_iters)
         ht = ht.float() if ht is not None and ht.dtype != torch.float64 else ht
-        return o.to(q.dtype), final_state_layout(ht, state_v_first)
+        return o.to(q.dtype), fla.state_out(ht)
     from gdn_fused.autograd import chunk_gated_delta_rule_triton
     o, ht = chunk_gated_delta_rule_triton(q, k, v, g, beta, scale, initial_state,
                                           output_final_state, cu_seqlens,
                                           use_qk_l2norm_in_kernel, chunk_size, backend,
                                           solve_method, solve_iters)
-    return o, final_state_layout(ht, state_v_first)
+    return o, fla.state_out(ht)
 
 
 def fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=None, scale=None,
@@ -159,11 +160,14 @@ def fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=Non
         beta = v.new_ones(v.shape[:3], dtype=torch.float32)
     if backend not in ("auto", "torch", "triton"):
         raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
-    g, beta, initial_state, state_v_first = apply_fla_options(
-        kwargs, g, beta, initial_state, "fused_recurrent_gated_delta_rule")
+    fla = parse_fla_options(kwargs, "fused_recurrent_gated_delta_rule")
+    if g is None and fla.use_gate_in_kernel:
+        raise ValueError("use_gate_in_kernel=True needs g, the raw gate pre-activation")
     if g is None and isinstance(v, torch.Tensor):
         g = v.new_zeros(v.shape[:3], dtype=torch.float32)
-    check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, "auto")
+    initial_state = fla.state_in(initial_state)
+    check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, "auto", fla.state_v_first)
+    g, beta = fla.gates(g, beta)
     scale = as_scale(scale, q.shape[-1])
     needs_grad = torch.is_grad_enabled() and any(
         isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v, g, beta, initial_state))
@@ -180,10 +184,10 @@ def fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=Non
                                                output_final_state, cu_seqlens,
                                                use_qk_l2norm_in_kernel)
         ht = ht.float() if ht is not None and ht.dtype != torch.float64 else ht
-        return o.to(q.dtype), final_state_layout(ht, state_v_first)
+        return o.to(q.dtype), fla.state_out(ht)
     from gdn_fused.kernels.recurrent import fused_recurrent_fwd
     if use_qk_l2norm_in_kernel:
         q, k = l2norm(q), l2norm(k)
     o, ht = fused_recurrent_fwd(q, k, v, g, beta, scale, initial_state,
                                 output_final_state, cu_seqlens)
-    return o, final_state_layout(ht, state_v_first)
+    return o, fla.state_out(ht)

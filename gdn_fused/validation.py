@@ -63,9 +63,11 @@ def as_scale(scale, head_dim: int) -> float:
     return scale
 
 
-def check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, backend):
+def check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, backend, state_v_first=False):
     """Validate the functional API's arguments (shapes as in :mod:`gdn_fused.ops`).
 
+    initial_state is taken as the op uses it, ``[N, HV, K, V]``; with ``state_v_first`` the
+    caller passed its ``[N, HV, V, K]`` transpose, and a shape error speaks of that layout.
     Returns the number of sequences N. Raises ValueError/TypeError naming the argument."""
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
         _tensor(name, x)
@@ -107,8 +109,12 @@ def check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, backend):
             raise ValueError(f"initial_state must be on q's device {q.device}, got "
                              f"{initial_state.device}")
         if tuple(initial_state.shape) != (N, HV, K, V):
-            raise ValueError(f"initial_state must be [N, HV, K, V] = {(N, HV, K, V)}, got "
-                             f"{tuple(initial_state.shape)}")
+            got = tuple(initial_state.shape)
+            if state_v_first:  # report in the caller's layout
+                got = got[:-2] + got[-2:][::-1]
+                raise ValueError(f"initial_state must be [N, HV, V, K] = {(N, HV, V, K)} "
+                                 f"(state_v_first=True), got {got}")
+            raise ValueError(f"initial_state must be [N, HV, K, V] = {(N, HV, K, V)}, got {got}")
     return N
 
 

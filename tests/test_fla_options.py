@@ -1,5 +1,6 @@
 """fla 0.6.0's keyword options of the ops (gdn_fused.fla_options): honoured with fla's meaning,
 or refused by name — never silently dropped."""
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -63,6 +64,7 @@ def test_gradients_reach_the_raw_gates_A_log_and_dt_bias():
         assert want.abs().sum() > 0 and rel_err(got, want) < 1e-5
 
 
+@pytest.mark.filterwarnings("ignore:`transpose_state_layout` is deprecated")
 @pytest.mark.parametrize("name", ["state_v_first", "transpose_state_layout"])
 def test_state_v_first_transposes_initial_and_final_state(name):
     q, k, v, g, beta, h0 = make_inputs(B, T, H, HV, K, V, initial_state=True)
@@ -104,14 +106,17 @@ def test_fla_helper_arguments_are_accepted():
 @pytest.mark.parametrize("kwargs,exc,match", [
     (dict(output_final_states=True), TypeError, r"unexpected keyword argument\(s\) \['output_final_states'\]"),
     (dict(cp_context=object()), ValueError, "cp_context: context parallelism"),
-    (dict(A_log=torch.zeros(HV)), ValueError, "only with use_gate_in_kernel=True"),
     (dict(use_gate_in_kernel=True), ValueError, "needs A_log"),
-    (dict(use_gate_in_kernel=True, A_log=torch.zeros(HV + 1)), ValueError, "A_log must have HV"),
+    (dict(use_gate_in_kernel=True, A_log=torch.zeros(HV + 1)), ValueError,
+     r"A_log must be \[HV\] = \[4\]"),
+    (dict(use_gate_in_kernel=True, A_log=torch.zeros(HV, dtype=torch.long)), TypeError,
+     "needs A_log, a floating"),
     (dict(use_gate_in_kernel=True, A_log=torch.zeros(HV), dt_bias=torch.zeros(2)), ValueError,
      "dt_bias must be"),
     (dict(allow_neg_eigval=True), ValueError, "requires use_beta_sigmoid_in_kernel"),
     (dict(state_v_first=True, transpose_state_layout=True), ValueError, "not both"),
-    (dict(state_v_first=1), TypeError, "state_v_first must be a bool"),
+    (dict(state_v_first="yes"), TypeError, "state_v_first must be a bool"),
+    (dict(use_gate_in_kernel=torch.tensor(True)), TypeError, "use_gate_in_kernel must be a bool"),
     (dict(head_first=True), ValueError, "head_first=True is not supported"),
 ])
 @pytest.mark.parametrize("op", [chunk_gated_delta_rule, fused_recurrent_gated_delta_rule])
@@ -136,3 +141,43 @@ def test_positional_order_is_fla_s():
         fused_recurrent_gated_delta_rule(q, k, v, g, beta)  # fla would read beta as gk
     with pytest.raises(ValueError, match="gv: per-key"):
         fused_recurrent_gated_delta_rule(q, k, v, g, gv=beta)
+
+
+def test_flags_by_truth_value_and_A_log_unread_without_the_gate_flag():
+    """As in fla: numpy bools, 0 / 1 and None are flags; A_log and dt_bias passed without
+    use_gate_in_kernel are not read (fla code that always passes them keeps working)."""
+    q, k, v, g, beta, h0 = make_inputs(B, T, H, HV, K, V, initial_state=True)
+    ref = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, backend="torch")[0]
+    for flags in (dict(use_gate_in_kernel=np.bool_(False), state_v_first=0),
+                  dict(use_gate_in_kernel=None, use_beta_sigmoid_in_kernel=False),
+                  dict(A_log=torch.zeros(HV), dt_bias=torch.ones(HV))):
+        o = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, backend="torch",
+                                   **flags)[0]
+        assert torch.equal(o, ref)
+
+
+def test_shape_errors_name_the_culprit_in_the_callers_terms():
+    q, k, v, g, beta, h0 = make_inputs(B, 5, H, HV, K, V, initial_state=True)
+    # a state in the K-first layout passed with state_v_first: the message speaks of [N,HV,V,K]
+    with pytest.raises(ValueError, match=r"\[N, HV, V, K\] = \(1, 4, 8, 16\) "
+                                         r"\(state_v_first=True\), got \(1, 4, 16, 8\)"):
+        chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, state_v_first=True,
+                               backend="torch")
+    # a g of the wrong width with the gate flag: g is blamed, not a correct A_log
+    with pytest.raises(ValueError, match="g must be"):
+        chunk_gated_delta_rule(q, k, v, g[..., :1], beta, use_gate_in_kernel=True,
+                               A_log=torch.zeros(HV), backend="torch")
+    with pytest.raises(ValueError, match="needs g"):
+        fused_recurrent_gated_delta_rule(q, k, v, beta=beta, use_gate_in_kernel=True,
+                                         A_log=torch.zeros(HV), backend="torch")
+    # integer raw gates are refused like integer log-decays
+    with pytest.raises(TypeError, match="g must be a floating"):
+        chunk_gated_delta_rule(q, k, v, g.long(), beta, use_gate_in_kernel=True,
+                               A_log=torch.zeros(HV), backend="torch")
+
+
+def test_old_state_layout_name_warns_like_fla():
+    q, k, v, g, beta, h0 = make_inputs(B, 5, H, HV, K, V, initial_state=True)
+    with pytest.warns(DeprecationWarning, match="transpose_state_layout"):
+        chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0.transpose(-1, -2),
+                               transpose_state_layout=True, backend="torch")
