@@ -2,7 +2,8 @@
 
     python -m eval.bench [--out out/bench] [--shapes anchors] [--no-backward]
 
-Times (``triton.testing.do_bench``, median) on the inputs of ../shared/anchors.md — q, k
+Times (``triton.testing.do_bench``, median) on the inputs of the project's anchor measurements
+(fla 0.6.0 and FlashQLA on the same machine) — q, k
 L2-normalised, v ~ N(0,1), g = logsigmoid(N(0,1)), beta ~ U(0,1), initial state 0.1·N(0,1),
 output_final_state=True, bf16, K = V = 128 — for:
 
@@ -171,6 +172,22 @@ def bench_stages(B=1, T=32768):
             stages["chunk_state_gluon"] = lambda: gluon(k, w, u, G, h0, True)
         except Exception as e:  # experimental: report, keep the other numbers
             print(f"chunk_state_gluon failed: {e!r}", flush=True)
+    fused_out = _gluon_state_output()
+    if fused_out is not None:
+        # the experimental state pass + output in one Gluon kernel (kernels/
+        # gluon_state_output.py): o without writing h; compare with chunk_state + chunk_output
+        o_ref = chunk_output(q, k, v_new, h, G, 0.1, CHUNK, dot_precision=prec)
+        try:
+            o_g, _ = fused_out(q, k, w, u, G, 0.1, h0, True)
+            print("chunk_state_output_gluon rel err vs chunk_state + chunk_output: o "
+                  f"{((o_g - o_ref).float().norm() / o_ref.float().norm()).item():.2e}",
+                  flush=True)
+            stages["chunk_state + chunk_output"] = lambda: chunk_output(
+                q, k, chunk_state(k, w, u, G, h0, True, CHUNK, B, dot_precision=prec)[1],
+                h, G, 0.1, CHUNK, dot_precision=prec)
+            stages["chunk_state_output_gluon"] = lambda: fused_out(q, k, w, u, G, 0.1, h0, True)
+        except Exception as e:  # experimental: report, keep the other numbers
+            print(f"chunk_state_output_gluon failed: {e!r}", flush=True)
     row = {}
     for name, fn in stages.items():
         try:
@@ -248,6 +265,20 @@ def _gluon_state():
         print(f"gluon_state not importable ({e!r})", flush=True)
         return None
     return chunk_state_gluon
+
+
+def _gluon_state_output():
+    """chunk_state_output_gluon on a Hopper GPU, else None (GDN_BENCH_SKIP_GLUON_OUTPUT=1 leaves
+    it out)."""
+    if (torch.cuda.get_device_capability()[0] != 9
+            or os.environ.get("GDN_BENCH_SKIP_GLUON_OUTPUT")):
+        return None
+    try:
+        from gdn_fused.kernels.gluon_state_output import chunk_state_output_gluon
+    except Exception as e:
+        print(f"gluon_state_output not importable ({e!r})", flush=True)
+        return None
+    return chunk_state_output_gluon
 
 
 def sweep_fused(B=1, T=32768):
@@ -347,22 +378,39 @@ def write_outputs(out, rows, kkt_row, bandwidth):
     fig.savefig(out / "bench.png", dpi=120)
 
 
+def _shapes(text: str) -> list[tuple[int, int]]:
+    """--shapes: 'anchors' or B:T,B:T,... with positive integers."""
+    if text == "anchors":
+        return ANCHOR_SHAPES
+    try:
+        shapes = [tuple(int(x) for x in item.split(":")) for item in text.split(",")]
+    except ValueError:
+        shapes = []
+    if not shapes or any(len(s) != 2 or min(s) < 1 for s in shapes):
+        raise argparse.ArgumentTypeError(f"expected 'anchors' or B:T,B:T,... with positive "
+                                         f"integers, got {text!r}")
+    return shapes
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="out/bench", type=Path)
-    p.add_argument("--shapes", default="anchors", help="'anchors' or B:T,B:T,...")
+    p = argparse.ArgumentParser(prog="python -m eval.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="out/bench", type=Path,
+                   help="folder for bench.md, bench.csv, bench.png (default out/bench)")
+    p.add_argument("--shapes", default="anchors", type=_shapes,
+                   help="'anchors' (default: " + ", ".join(f"{b}:{t}" for b, t in ANCHOR_SHAPES)
+                        + ") or B:T,B:T,...")
     p.add_argument("--no-backward", action="store_true", help="skip forward+backward timing")
     p.add_argument("--no-kkt", action="store_true", help="skip the kkt_solve benchmark")
     p.add_argument("--kkt-sweep", action="store_true",
                    help="only sweep kkt_solve launch variants, then exit")
     p.add_argument("--sweep", action="store_true",
                    help="only sweep launch variants (kkt_solve, the fused kernel's segments and "
-                        "chunk size) and time the materialized stages, then exit")
+                        "chunk size) and time each forward and backward kernel, then exit")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         p.error("the benchmark needs a CUDA device")
-    shapes = ANCHOR_SHAPES if args.shapes == "anchors" else \
-        [tuple(int(x) for x in s.split(":")) for s in args.shapes.split(",")]
+    shapes = args.shapes
     bandwidth = copy_bandwidth()
     if args.kkt_sweep or args.sweep:
         sweep_kkt_solve(bandwidth)

@@ -85,10 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="embedded model shape (default tiny; qwen3-next-80b = the "
                             "Gated DeltaNet layers of Qwen3-Next-80B-A3B, for a GPU)")
     model.add_argument("--layers", type=int, default=None,
-                       help="embedded model: number of layers (every 4th is full attention)")
-    model.add_argument("--seed", type=int, default=0, help="embedded model: init seed")
-    model.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
-    model.add_argument("--device", default="cpu", help="e.g. cpu, cuda, cuda:1")
+                       help="embedded model: number of layers (every 4th is full attention; "
+                            "default: the shape's own, 4)")
+    model.add_argument("--seed", type=int, default=0, help="embedded model: init seed (default 0)")
+    model.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
+                       help="model dtype (default float32; bfloat16 on a GPU)")
+    model.add_argument("--device", default="cpu", help="e.g. cpu, cuda, cuda:1 (default cpu)")
     run = p.add_argument_group("variants")
     run.add_argument("--backend", nargs="+", default=DEFAULT_BACKENDS, choices=BACKENDS,
                      help="one row per backend (x solve method); hf = the unswapped model, "
@@ -97,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
                      metavar="METHOD[:ITERS]",
                      help="inverse methods of gdn_fused.inverse for the chunked backends, e.g. "
                           "blocked mxr newton_schulz:2 newton_schulz:6 mch (default: blocked)")
-    run.add_argument("--chunk-size", type=int, default=64, choices=(16, 32, 64))
+    run.add_argument("--chunk-size", type=int, default=64, choices=(16, 32, 64),
+                     help="chunk size of the chunked backends (default 64)")
     run.add_argument("--batch-size", type=int, default=None,
                      help=f"prompts per forward pass (default {CPU_BATCH_SIZE} on CPU: the "
                           "fastest of 1, 4, 8, 16 measured on 2 CPU cores; "

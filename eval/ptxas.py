@@ -17,6 +17,7 @@ H = 16, HV = 32, K = V = 128, chunk 64).
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import re
 import subprocess
@@ -44,12 +45,26 @@ def tensordesc(dtype: str, block_shape, layout) -> str:
     return f"tensordesc<{dtype}[{', '.join(map(str, block_shape))}],{layout!r}>"
 
 
+def _constexpr_defaults(fn, signature: dict) -> dict:
+    """The default values of ``fn``'s arguments that ``signature`` does not type."""
+    params = inspect.signature(fn.fn).parameters.values()
+    return {p.name: p.default for p in params
+            if p.default is not inspect.Parameter.empty and p.name not in signature}
+
+
+def missing_arguments(fn, signature: dict, constexprs: dict) -> list[str]:
+    """Arguments of ``fn`` with neither a type, a constexpr value nor a default."""
+    known = set(signature) | set(constexprs) | set(_constexpr_defaults(fn, signature))
+    return [n for n in fn.arg_names if n not in known]
+
+
 def compile_report(fn, signature: dict, constexprs: dict, arch: int = 90, **options) -> dict:
     """Compile ``fn`` for ``cuda:<arch>`` (sm_90 → sm_90a) on this machine and run ``ptxas -v``.
 
     signature: the type of each runtime argument by name ("*bf16", "i32", "fp32", ...,
     :func:`tensordesc` for a Gluon TMA descriptor);
-    constexprs: the value of each constexpr argument by name; options: launch options
+    constexprs: the value of each constexpr argument by name (those with a default in the
+    kernel may be left out); options: launch options
     (num_warps, num_stages, maxnreg). Returns registers and spill/stack bytes per thread, static
     shared memory bytes, and :func:`ptx_features`. Raises triton's CompilationError for code
     that does not compile, ValueError for an argument named in neither dict, TypeError for a
@@ -61,9 +76,10 @@ def compile_report(fn, signature: dict, constexprs: dict, arch: int = 90, **opti
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     names = list(fn.arg_names)
-    missing = [n for n in names if n not in signature and n not in constexprs]
+    missing = missing_arguments(fn, signature, constexprs)
     if missing:
         raise ValueError(f"no type or constexpr value for argument(s) {missing}")
+    constexprs = {**_constexpr_defaults(fn, signature), **constexprs}
     sig = {n: signature[n] if n in signature else "constexpr" for n in names}
     consts = {(names.index(n),): v for n, v in constexprs.items()}
     source = ASTSource
@@ -81,7 +97,10 @@ def compile_report(fn, signature: dict, constexprs: dict, arch: int = 90, **opti
                "-o", os.path.join(tmp, "kernel.o")]
         if options.get("maxnreg"):
             cmd.append(f"--maxrregcount={options['maxnreg']}")
-        log = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+        run = subprocess.run(cmd, capture_output=True, text=True)
+        if run.returncode != 0:
+            raise RuntimeError(f"ptxas failed for {gpu_name}: {run.stderr.strip()}")
+        log = run.stderr
 
     def number(pattern):
         m = re.search(pattern, log)
@@ -144,6 +163,12 @@ def _gluon_state_output():
     return chunk_state_output_gluon_kernel, sig, consts
 
 
+# Gluon kernels written for sm_90a alone (setmaxnreg, wgmma, TMA): compiling them for another
+# architecture aborts inside LLVM, which no Python handler can catch
+HOPPER_ONLY = ("chunk_state gluon (experimental)", "chunk_state+output gluon (experimental)")
+ARCHS = (80, 86, 89, 90)
+
+
 # name → (builder of (fn, signature, constexprs), launch options as the package launches it)
 def _kernels() -> dict:
     from gdn_fused.kernels.fused_fwd import launch_config
@@ -169,12 +194,17 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kernels", nargs="+", choices=list(kernels), default=list(kernels),
                    metavar="NAME", help=f"kernels to compile (default all: {list(kernels)})")
-    p.add_argument("--arch", type=int, default=90, help="CUDA compute capability (default 90)")
+    p.add_argument("--arch", type=int, default=90, choices=ARCHS,
+                   help="CUDA compute capability (default 90, the H200; the Gluon kernels are "
+                        "compiled for 90 only)")
     args = p.parse_args(argv)
     head = ["kernel", "warps", "registers", "spill stores B", "stack B", "shared B"] + \
         list(HOPPER_FEATURES)
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
-    for name in args.kernels:
+    for name in dict.fromkeys(args.kernels):  # each once, in the order given
+        if args.arch != 90 and name in HOPPER_ONLY:
+            print(f"| {name} | sm_90a only: not compiled for sm_{args.arch} |", flush=True)
+            continue
         build, options = kernels[name]
         fn, sig, consts = build()
         r = compile_report(fn, sig, consts, arch=args.arch, **options)

@@ -3,7 +3,7 @@ import pytest
 import triton
 import triton.language as tl
 
-from gdn_fused.eval.ptxas import compile_report, ptx_features
+from gdn_fused.eval.ptxas import _kernels, compile_report, missing_arguments, ptx_features
 
 
 def _dot(a, c, N: tl.constexpr):
@@ -52,3 +52,18 @@ def test_ptx_features_count_instructions():
     ptx = "setmaxnreg.inc.sync.aligned.u32 240;\nwgmma.mma_async.sync.aligned ...\nmbarrier.try_wait"
     assert ptx_features(ptx) == {"wgmma": 1, "tma": 0, "mbarrier": 1, "setmaxnreg": 1,
                                  "mma.sync": 0}
+
+
+def test_every_listed_kernel_has_a_complete_signature():
+    """What `python -m eval.ptxas` compiles: every argument typed, valued or defaulted (a new
+    kernel argument without a default must be added to its row), checked without compiling."""
+    for name, (build, _) in _kernels().items():
+        fn, signature, constexprs = build()
+        assert missing_arguments(fn, signature, constexprs) == [], name
+
+
+def test_cli_skips_hopper_only_kernels_elsewhere_and_compiles_once(capsys):
+    from gdn_fused.eval.ptxas import HOPPER_ONLY, main
+    assert main(["--arch", "80", "--kernels", HOPPER_ONLY[0], HOPPER_ONLY[0]]) == 0
+    out = capsys.readouterr().out
+    assert out.count("sm_90a only: not compiled for sm_80") == 1
