@@ -163,9 +163,19 @@ def _gluon_state_output():
     return chunk_state_output_gluon_kernel, sig, consts
 
 
+def _gluon_wu():
+    from gdn_fused.kernels.gluon_ring import descriptor_layout
+    from gdn_fused.kernels.gluon_wu import DESCRIPTOR_BLOCKS, wu_gluon_kernel
+    sig = {f"{n}_desc": tensordesc("bf16", b, descriptor_layout(b))
+           for n, b in DESCRIPTOR_BLOCKS.items()}
+    sig.update(G="*fp64", beta="*fp32", w="*bf16", u="*bf16", T="i32")
+    return wu_gluon_kernel, sig, dict(H=16, HV=32, K=128, V=128)
+
+
 # Gluon kernels written for sm_90a alone (setmaxnreg, wgmma, TMA): compiling them for another
 # architecture aborts inside LLVM, which no Python handler can catch
-HOPPER_ONLY = ("chunk_state gluon (experimental)", "chunk_state+output gluon (experimental)")
+HOPPER_ONLY = ("chunk_state gluon (experimental)", "chunk_state+output gluon (experimental)",
+               "w, u gluon (experimental)")
 ARCHS = (80, 86, 89, 90)
 
 
@@ -174,6 +184,7 @@ def _kernels() -> dict:
     from gdn_fused.kernels.fused_fwd import launch_config
     from gdn_fused.kernels.gluon_state import MAXNREG
     from gdn_fused.kernels.gluon_state_output import MAXNREG as FUSED_MAXNREG
+    from gdn_fused.kernels.gluon_wu import NUM_WARPS as WU_WARPS
     from gdn_fused.kernels.kkt_solve import NUM_WARPS
     return {
         "kkt_solve blocked (A in)": (lambda: _kkt_solve(False), dict(num_warps=NUM_WARPS["blocked"])),
@@ -184,11 +195,22 @@ def _kernels() -> dict:
         "chunk_state gluon (experimental)": (_gluon_state, dict(num_warps=4, maxnreg=MAXNREG)),
         "chunk_state+output gluon (experimental)": (_gluon_state_output,
                                                     dict(num_warps=4, maxnreg=FUSED_MAXNREG)),
+        "w, u gluon (experimental)": (_gluon_wu, dict(num_warps=WU_WARPS)),
     }
 
 
 def main(argv=None) -> int:
-    os.environ.pop("TRITON_INTERPRET", None)  # before the kernels are defined: compile them
+    # kernels defined (imported) from here on are compiled-mode ones; the caller's setting is
+    # put back on return, so a test session that runs main() keeps its interpreter
+    interpret = os.environ.pop("TRITON_INTERPRET", None)
+    try:
+        return _main(argv)
+    finally:
+        if interpret is not None:
+            os.environ["TRITON_INTERPRET"] = interpret
+
+
+def _main(argv) -> int:
     kernels = _kernels()
     p = argparse.ArgumentParser(prog="python -m eval.ptxas", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

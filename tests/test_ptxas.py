@@ -63,7 +63,11 @@ def test_every_listed_kernel_has_a_complete_signature():
 
 
 def test_cli_skips_hopper_only_kernels_elsewhere_and_compiles_once(capsys):
+    import os
+
     from gdn_fused.eval.ptxas import HOPPER_ONLY, main
+    before = os.environ.get("TRITON_INTERPRET")
     assert main(["--arch", "80", "--kernels", HOPPER_ONLY[0], HOPPER_ONLY[0]]) == 0
     out = capsys.readouterr().out
     assert out.count("sm_90a only: not compiled for sm_80") == 1
+    assert os.environ.get("TRITON_INTERPRET") == before  # the session's interpreter stays on
