@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib
 import os
 from pathlib import Path
 
@@ -159,7 +160,7 @@ def bench_stages(B=1, T=32768):
     for bv in (16, 32, 64):  # state_blocks picks 16 here (fill the SMs); unmeasured so far
         stages[f"chunk_state BV={bv}"] = lambda bv=bv: chunk_state(
             k, w, u, G, h0, True, CHUNK, B, dot_precision=prec, block_v=bv)
-    gluon = _gluon_state()
+    gluon = _gluon_kernel("gluon_state", "chunk_state_gluon", "GDN_BENCH_SKIP_GLUON")
     if gluon is not None:
         # the experimental warp-specialized state pass (kernels/gluon_state.py), same inputs;
         # predicted ~0.7 µs per chunk step against chunk_state's 1.65 (docs/fused_design.md)
@@ -172,7 +173,8 @@ def bench_stages(B=1, T=32768):
             stages["chunk_state_gluon"] = lambda: gluon(k, w, u, G, h0, True)
         except Exception as e:  # experimental: report, keep the other numbers
             print(f"chunk_state_gluon failed: {e!r}", flush=True)
-    fused_out = _gluon_state_output()
+    fused_out = _gluon_kernel("gluon_state_output", "chunk_state_output_gluon",
+                              "GDN_BENCH_SKIP_GLUON_OUTPUT")
     if fused_out is not None:
         # the experimental state pass + output in one Gluon kernel (kernels/
         # gluon_state_output.py): o without writing h; compare with chunk_state + chunk_output
@@ -188,6 +190,21 @@ def bench_stages(B=1, T=32768):
             stages["chunk_state_output_gluon"] = lambda: fused_out(q, k, w, u, G, 0.1, h0, True)
         except Exception as e:  # experimental: report, keep the other numbers
             print(f"chunk_state_output_gluon failed: {e!r}", flush=True)
+    wu = _gluon_kernel("gluon_wu", "wu_gluon", "GDN_BENCH_SKIP_GLUON_WU")
+    if wu is not None:
+        # the experimental chunk-parallel half in one Gluon kernel (kernels/gluon_wu.py): w, u
+        # without T in HBM; compare with kkt_solve_from_k + recompute_w_u
+        try:
+            w_g, u_g = wu(k, v, G, beta)
+            print("wu_gluon rel err vs kkt_solve_from_k + recompute_w_u: w "
+                  f"{((w_g - w).float().norm() / w.float().norm()).item():.2e}, u "
+                  f"{((u_g - u).float().norm() / u.float().norm()).item():.2e}", flush=True)
+            stages["kkt_solve_from_k + recompute_w_u"] = lambda: recompute_w_u(
+                k, v, G, beta, kkt_solve_from_k(k, G, beta, HV, CHUNK, torch.bfloat16),
+                dot_precision=prec)
+            stages["wu_gluon"] = lambda: wu(k, v, G, beta)
+        except Exception as e:  # experimental: report, keep the other numbers
+            print(f"wu_gluon failed: {e!r}", flush=True)
     row = {}
     for name, fn in stages.items():
         try:
@@ -254,31 +271,17 @@ def bench_bwd_stages(B=1, T=32768):
     return row
 
 
-def _gluon_state():
-    """chunk_state_gluon on a Hopper GPU, else None (the kernel is sm_90a only; set
-    GDN_BENCH_SKIP_GLUON=1 to leave it out, e.g. after its GPU test failed or hung)."""
-    if torch.cuda.get_device_capability()[0] != 9 or os.environ.get("GDN_BENCH_SKIP_GLUON"):
+def _gluon_kernel(module, name, skip_env):
+    """Function ``name`` of gdn_fused.kernels.<module> on a Hopper GPU, else None: the Gluon
+    kernels are sm_90a only, and setting ``skip_env`` leaves one out (scripts/gpu_check.sh sets
+    it after the kernel's GPU test failed or hung)."""
+    if torch.cuda.get_device_capability()[0] != 9 or os.environ.get(skip_env):
         return None
     try:
-        from gdn_fused.kernels.gluon_state import chunk_state_gluon
+        return getattr(importlib.import_module(f"gdn_fused.kernels.{module}"), name)
     except Exception as e:
-        print(f"gluon_state not importable ({e!r})", flush=True)
+        print(f"{module} not importable ({e!r})", flush=True)
         return None
-    return chunk_state_gluon
-
-
-def _gluon_state_output():
-    """chunk_state_output_gluon on a Hopper GPU, else None (GDN_BENCH_SKIP_GLUON_OUTPUT=1 leaves
-    it out)."""
-    if (torch.cuda.get_device_capability()[0] != 9
-            or os.environ.get("GDN_BENCH_SKIP_GLUON_OUTPUT")):
-        return None
-    try:
-        from gdn_fused.kernels.gluon_state_output import chunk_state_output_gluon
-    except Exception as e:
-        print(f"gluon_state_output not importable ({e!r})", flush=True)
-        return None
-    return chunk_state_output_gluon
 
 
 def sweep_fused(B=1, T=32768):

@@ -28,9 +28,15 @@ timeout 90 python3 -m pytest -m gpu -q -s -rs tests/test_gluon_state.py 2>&1 | t
 timeout 60 python3 -m pytest -m gpu -q -s -rs tests/test_gluon_state_output.py 2>&1 | \
   tee "$OUT/gluon_output_tests.log"
 [ "${PIPESTATUS[0]}" = 0 ] || export GDN_BENCH_SKIP_GLUON_OUTPUT=1
+#    The experimental w, u Gluon kernel, on its own leash; appended to the same log to keep
+#    $OUT at 8 files.
+timeout 60 python3 -m pytest -m gpu -q -s -rs tests/test_gluon_wu.py 2>&1 | \
+  tee -a "$OUT/gluon_output_tests.log"
+[ "${PIPESTATUS[0]}" = 0 ] || export GDN_BENCH_SKIP_GLUON_WU=1
 # 2. Every other gpu test.
 timeout $(left 280) python3 -m pytest -m gpu -q -s -rs --continue-on-collection-errors \
   --ignore=tests/test_gluon_state.py --ignore=tests/test_gluon_state_output.py \
+  --ignore=tests/test_gluon_wu.py \
   ${KEXPR:+-k "$KEXPR"} tests/ 2>&1 | tee "$OUT/gpu_tests.log"
 # 3. The benchmark: forward and forward+backward at the anchor shapes, kkt_solve, stages.
 timeout $(left 100) python3 -m eval.bench --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log"
