@@ -176,8 +176,26 @@ def _block_matmul(X, Y):
 
 
 @gluon.jit
-def _invert(A, a_smem, d_smem, hi_smem, lo_smem):
-    """T = (I + A)⁻¹ of a strictly lower fp32 [64, 64] tile in the accumulator layout."""
+def inverse_scratch(BT: gl.constexpr):
+    """The shared buffers ``invert`` works in (40 KB at BT = 64): an fp32 [BT, BT] scratch tile,
+    the neighbour buffer of the first merge and the hi/lo B operands of the second."""
+    a_smem = gl.allocate_shared_memory(gl.float32, [BT, BT],
+                                       gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+    d_smem = gl.allocate_shared_memory(gl.float32, [2 * (BT // BLOCK), BLOCK, BLOCK],
+                                       gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0]))
+    # B operands of the TF32 products: K-major, as TF32 wgmma reads only that
+    b_tile: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT // 2], gl.float32,
+                                                                transposed=True)
+    hi_smem = gl.allocate_shared_memory(gl.float32, [BT, BT // 2], b_tile)
+    lo_smem = gl.allocate_shared_memory(gl.float32, [BT, BT // 2], b_tile)
+    return a_smem, d_smem, hi_smem, lo_smem
+
+
+@gluon.jit
+def invert(A, scratch):
+    """T = (I + A)⁻¹ of a strictly lower fp32 [64, 64] tile A in the wgmma accumulator layout
+    (one warpgroup), returned in the same layout; scratch from ``inverse_scratch``."""
+    a_smem, d_smem, hi_smem, lo_smem = scratch
     acc: gl.constexpr = A.type.layout
     BT: gl.constexpr = A.shape[0]
     NB: gl.constexpr = BT // BLOCK
@@ -260,15 +278,7 @@ def wu_gluon_kernel(k_desc, v_desc, G, beta, w, u, T, H: gl.constexpr, HV: gl.co
 
     acc: gl.constexpr = accumulator_layout(BT)
     acc_w: gl.constexpr = accumulator_layout(K)
-    f32_tile: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-    # B operands of the TF32 merges: K-major, as TF32 wgmma reads only that
-    b_tile: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT // 2], gl.float32,
-                                                                transposed=True)
-    a_smem = gl.allocate_shared_memory(gl.float32, [BT, BT], f32_tile)
-    d_smem = gl.allocate_shared_memory(gl.float32, [2 * (BT // BLOCK), BLOCK, BLOCK],
-                                       gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0]))
-    hi_smem = gl.allocate_shared_memory(gl.float32, [BT, BT // 2], b_tile)
-    lo_smem = gl.allocate_shared_memory(gl.float32, [BT, BT // 2], b_tile)
+    scratch = inverse_scratch(BT)
 
     o_t = gl.arange(0, BT, layout=gl.SliceLayout(1, acc))
     o_j = gl.arange(0, BT, layout=gl.SliceLayout(0, acc))
@@ -288,7 +298,7 @@ def wu_gluon_kernel(k_desc, v_desc, G, beta, w, u, T, H: gl.constexpr, HV: gl.co
     strict = (o_t[:, None] > o_j[None, :]) & valid[:, None]
     diff = (b_G[:, None] - b_Gj[None, :]).to(gl.float32)
     A = kk * gl.where(strict, gl.exp(gl.where(strict, diff, 0.)), 0.) * b_beta[:, None]
-    Ti = _invert(A, a_smem, d_smem, hi_smem, lo_smem)
+    Ti = invert(A, scratch)
 
     # the B operands of W and U, scaled in place (K Kᵀ has read k: its wgmma is complete) and
     # rounded to bf16 as recompute_w_u rounds them

@@ -10,6 +10,21 @@ from tests.cases import make_inputs, rel_err
 pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper",
                     reason="this Triton has no Gluon Hopper API (triton.experimental.gluon)")
 from gdn_fused.kernels import gluon_wu  # noqa: E402
+from gdn_fused.kernels.gluon_ring import accumulator_layout  # noqa: E402
+from triton.experimental import gluon  # noqa: E402
+from triton.experimental.gluon import language as gl  # noqa: E402
+
+
+@gluon.jit
+def _inverse_kernel(A, T, BT: gl.constexpr):
+    """gluon_wu.invert alone, on one [BT, BT] fp32 matrix a program: isolates the inverse when
+    the w, u test fails on a GPU."""
+    acc: gl.constexpr = accumulator_layout(BT)
+    o_r = gl.arange(0, BT, layout=gl.SliceLayout(1, acc))
+    o_c = gl.arange(0, BT, layout=gl.SliceLayout(0, acc))
+    offs = gl.program_id(0) * BT * BT + o_r[:, None] * BT + o_c[None, :]
+    X = gluon_wu.invert(gl.load(A + offs), gluon_wu.inverse_scratch(BT))
+    gl.store(T + offs, X)
 
 
 def test_compiles_to_a_tma_wgmma_kernel_for_hopper():
@@ -29,6 +44,12 @@ def test_compiles_to_a_tma_wgmma_kernel_for_hopper():
     # buffer (8 KB), the hi/lo B operands [64, 32] fp32 (8 KB each), two mbarriers: 73,744 B,
     # so three programs fit an SM's 227 KB
     assert 72 * 1024 <= r["shared"] <= 227 * 1024 // 3
+
+
+def test_inverse_kernel_compiles():
+    r = compile_report(_inverse_kernel, {"A": "*fp32", "T": "*fp32"}, {"BT": 64}, num_warps=4)
+    # the second merge: 2 products × 3 × 4 TF32 k-steps
+    assert r["features"]["wgmma"] == 24 and r["spill_stores"] == 0
 
 
 def test_unsupported_inputs_are_refused():
@@ -103,20 +124,39 @@ def test_inverse_method_is_fp32_accurate(gate):
     """The arithmetic the kernel runs, against the fp64 inverse of the same A (as
     kkt_solve_from_k forms it: strictLower(diag(β)(Γ ⊙ K Kᵀ)), L2-normalised k,
     β ∈ [0, 1])."""
+    A, ref = _deltanet_matrices(gate)
+    T = kernel_inverse(A)
+    # measured 5e-10 (normal), 2e-8 (zero), ~0 (strong: A underflows), as an fp32 triangular
+    # solve (6e-10, 2e-8); a single-pass TF32 second merge would give 3e-6 and 1e-4. The bf16
+    # rounding of T before W and U is 6e-5 .. 4e-4 on the same matrices.
+    assert rel_err(T, ref) <= 1e-6
+
+
+def _deltanet_matrices(gate, device="cpu"):
+    """8 chunks' A = strictLower(diag(β)(Γ ⊙ K Kᵀ)) in fp32, as kkt_solve_from_k forms it
+    (L2-normalised k, β ∈ [0, 1]), and the fp64 inverse of I + A."""
     _, k, _, g, beta, _ = make_inputs(8, 64, 1, 1, 128, 128, gate=gate, seed=7)
     G = g.double().cumsum(1)[..., 0]  # [8, 64]: one chunk per sequence
     k = k[:, :, 0].double()
     strict = torch.ones(64, 64).tril(-1).bool()
     diff = torch.where(strict, G[:, :, None] - G[:, None, :], 0.)
     A = torch.where(strict, (k @ k.transpose(1, 2)) * diff.exp(), 0.) * beta[..., 0, None]
-    A = A.float()
-    T = kernel_inverse(A)
-    ref = torch.linalg.solve_triangular(torch.eye(64, dtype=torch.float64) + A.double(),
-                                        torch.eye(64, dtype=torch.float64).expand(8, 64, 64),
-                                        upper=False, unitriangular=True)
-    # measured 5e-10 (normal), 2e-8 (zero), ~0 (strong: A underflows), as an fp32 triangular
-    # solve (6e-10, 2e-8); a single-pass TF32 second merge would give 3e-6 and 1e-4. The bf16
-    # rounding of T before W and U is 6e-5 .. 4e-4 on the same matrices.
+    eye = torch.eye(64, dtype=torch.float64)
+    ref = torch.linalg.solve_triangular(eye + A, eye.expand(8, 64, 64), upper=False,
+                                        unitriangular=True)
+    return A.float().to(device), ref
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gate", ["normal", "zero", "strong"])
+def test_inverse_on_gpu(gate):
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("warpgroup MMA needs sm_90 (Hopper)")
+    A, ref = _deltanet_matrices(gate, "cuda")
+    T = torch.empty_like(A)
+    _inverse_kernel[(A.shape[0],)](A, T, BT=64, num_warps=4)
+    torch.cuda.synchronize()
+    # the PyTorch model of the same arithmetic: 5e-10 .. 2e-8
     assert rel_err(T, ref) <= 1e-6
 
 
@@ -140,7 +180,9 @@ def test_matches_kkt_solve_and_recompute_w_u(B, T, H, HV, gate):
                                       device="cuda", seed=T + HV)
     G = chunk_cumsum(g, 64)
     w, u = gluon_wu.wu_gluon(k, v, G, beta)
-    Ai = kkt_solve_from_k(k, G, beta, HV, 64, torch.float32)
+    # T stored in bf16 is what recompute_w_u would round it to; and the same kernel variants as
+    # the other Gluon tests' inputs, so within gpu_check.sh they come from Triton's cache
+    Ai = kkt_solve_from_k(k, G, beta, HV, 64, torch.bfloat16)
     w_ref, u_ref = recompute_w_u(k, v, G, beta, Ai, dot_precision=dot_precision(k.dtype))
     torch.cuda.synchronize()
     assert w.shape == w_ref.shape and u.shape == u_ref.shape and w.dtype == torch.bfloat16
