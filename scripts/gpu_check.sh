@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: GPU tests, the benchmark and the launch sweeps (../shared/device.md).
 #   bash scripts/gpu_check.sh [pytest -k expression]
+#   STEPS="gluon tests" bash scripts/gpu_check.sh; STEPS="bench sweep" bash scripts/gpu_check.sh
+# STEPS picks among gluon (the experimental Gluon kernels' GPU tests), tests (every other gpu
+# test), bench (eval.bench at the anchor shapes) and sweep (eval.bench --sweep); default all
+# four, which need more than one 600 s call when every gpu test runs: split them as above, and
+# give the second call GDN_BENCH_SKIP_GLUON=1 / _GLUON_OUTPUT=1 / _GLUON_WU=1 for a Gluon kernel
+# whose test failed or hung in the first (the sweep would otherwise hang on it).
 # Needs fla 0.6.0 wheels in .whl/ (carried) for the baseline columns; writes logs under $OUT.
 # The steps share one budget (BUDGET seconds, default 580: a device call runs at most 600), each
 # getting what is left less what the later ones hold back, so a slow step cannot starve the
@@ -16,29 +22,42 @@ else
 fi
 left() {  # seconds left of the budget, less $1 held back for later steps; at least 10
   local n=$(( ${BUDGET:-580} - SECONDS - ${1:-0} )); echo $(( n > 10 ? n : 10 )); }
+STEPS=" ${STEPS:-gluon tests bench sweep} "
+want() { [[ "$STEPS" == *" $1 "* ]]; }
+# seconds held back for the later steps that will run
+HOLD_SWEEP=$(want sweep && echo 100 || echo 0)
+HOLD_BENCH=$(( $(want bench && echo 180 || echo 0) + HOLD_SWEEP ))
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
 KEXPR=${1:-}
-# 1. The experimental Gluon kernel alone and first, on a short leash: a wrong mbarrier handshake
-#    deadlocks instead of failing. If it fails or hangs, the benchmark leaves it out.
-timeout 90 python3 -m pytest -m gpu -q -s -rs tests/test_gluon_state.py 2>&1 | tee "$OUT/gluon_tests.log"
-[ "${PIPESTATUS[0]}" = 0 ] || export GDN_BENCH_SKIP_GLUON=1
-#    The experimental fused state + output Gluon kernel, on its own leash (its failure does not
-#    take the state pass out of the benchmark).
-timeout 60 python3 -m pytest -m gpu -q -s -rs tests/test_gluon_state_output.py 2>&1 | \
-  tee "$OUT/gluon_output_tests.log"
-[ "${PIPESTATUS[0]}" = 0 ] || export GDN_BENCH_SKIP_GLUON_OUTPUT=1
-#    The experimental w, u Gluon kernel, on its own leash; appended to the same log to keep
-#    $OUT at 8 files.
-timeout 60 python3 -m pytest -m gpu -q -s -rs tests/test_gluon_wu.py 2>&1 | \
-  tee -a "$OUT/gluon_output_tests.log"
-[ "${PIPESTATUS[0]}" = 0 ] || export GDN_BENCH_SKIP_GLUON_WU=1
+# 1. The experimental Gluon kernels first, each alone on a short leash: a wrong mbarrier
+#    handshake deadlocks instead of failing. One that fails or hangs is left out of the sweep.
+if want gluon; then
+  : > "$OUT/gluon_output_tests.log"
+  timeout 90 python3 -m pytest -m gpu -q -s -rs tests/test_gluon_state.py 2>&1 | \
+    tee "$OUT/gluon_tests.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || export GDN_BENCH_SKIP_GLUON=1
+  # the other two append to one log, to keep $OUT at 8 files
+  timeout 60 python3 -m pytest -m gpu -q -s -rs tests/test_gluon_state_output.py 2>&1 | \
+    tee -a "$OUT/gluon_output_tests.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || export GDN_BENCH_SKIP_GLUON_OUTPUT=1
+  timeout 60 python3 -m pytest -m gpu -q -s -rs tests/test_gluon_wu.py 2>&1 | \
+    tee -a "$OUT/gluon_output_tests.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || export GDN_BENCH_SKIP_GLUON_WU=1
+fi
 # 2. Every other gpu test.
-timeout $(left 280) python3 -m pytest -m gpu -q -s -rs --continue-on-collection-errors \
-  --ignore=tests/test_gluon_state.py --ignore=tests/test_gluon_state_output.py \
-  --ignore=tests/test_gluon_wu.py \
-  ${KEXPR:+-k "$KEXPR"} tests/ 2>&1 | tee "$OUT/gpu_tests.log"
+if want tests; then
+  timeout $(left $HOLD_BENCH) python3 -m pytest -m gpu -q -s -rs --continue-on-collection-errors \
+    --ignore=tests/test_gluon_state.py --ignore=tests/test_gluon_state_output.py \
+    --ignore=tests/test_gluon_wu.py \
+    ${KEXPR:+-k "$KEXPR"} tests/ 2>&1 | tee "$OUT/gpu_tests.log"
+fi
 # 3. The benchmark: forward and forward+backward at the anchor shapes, kkt_solve, stages.
-timeout $(left 100) python3 -m eval.bench --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log"
-# 4. Launch sweeps: kkt_solve variants, stage times (with the Gluon state pass), fused splitting.
-timeout $(left) python3 -m eval.bench --sweep 2>&1 | tee "$OUT/sweep.log"
+if want bench; then
+  timeout $(left $HOLD_SWEEP) python3 -m eval.bench --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log"
+fi
+# 4. Launch sweeps: kkt_solve variants, each forward and backward kernel's time (the Gluon
+#    kernels beside the ones they would replace), the fused kernel's segments and chunk 32.
+if want sweep; then
+  timeout $(left) python3 -m eval.bench --sweep 2>&1 | tee "$OUT/sweep.log"
+fi
