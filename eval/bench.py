@@ -75,6 +75,7 @@ def bench_forward(shapes, bandwidth, fla_chunk, backward):
     import triton
     from gdn_fused import chunk_gated_delta_rule
     from gdn_fused.ops import resolve_backend
+    gluon = _gluon_kernel("gluon_forward", "gluon_forward", "GDN_BENCH_SKIP_GLUON_FORWARD")
     rows = []
     for B, T in shapes:
         q, k, v, g, beta, h0 = make_inputs(B, T)
@@ -94,6 +95,19 @@ def bench_forward(shapes, bandwidth, fla_chunk, backward):
                                                   output_final_state=True, backend=name)
                     torch.autograd.grad(o, leaves, do)
                 row[f"{name}_fwdbwd_ms"] = triton.testing.do_bench(fwd_bwd, return_mode="median")
+        if gluon is not None:
+            # the experimental three-launch Gluon forward (kernels/gluon_forward.py), forward only
+            try:
+                o_g, _ = gluon(q, k, v, g, beta, DIM ** -0.5, h0, True)
+                o_m, _ = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0,
+                                                backend="materialized")
+                row["gluon_rel_diff_vs_materialized"] = (
+                    (o_g - o_m).float().norm() / o_m.float().norm()).item()
+                row["gluon_ms"] = triton.testing.do_bench(
+                    lambda: gluon(q, k, v, g, beta, DIM ** -0.5, h0, True),
+                    return_mode="median")
+            except Exception as e:  # experimental: report, keep the other numbers
+                print(f"gluon_forward failed at B={B}, T={T}: {e!r}", flush=True)
         if fla_chunk is not None:
             fn = lambda: fla_chunk(q, k, v, g, beta, initial_state=h0,  # noqa: E731
                                    output_final_state=True)
@@ -349,15 +363,16 @@ def write_outputs(out, rows, kkt_row, bandwidth):
         w.writeheader()
         w.writerows(rows)
     lines = [f"copy bandwidth {bandwidth / 1e12:.2f} TB/s; bf16 tensor cores {TENSOR_CORE_FLOPS / 1e12:.0f} TFLOP/s",
-             "", "| B | T | floor ms | fla ms | materialized ms | mat/fla | fused ms | fused/fla | fused floor frac | mat fwd+bwd ms | fused fwd+bwd ms |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "", "| B | T | floor ms | fla ms | materialized ms | mat/fla | fused ms | fused/fla | fused floor frac | gluon ms | gluon/fla | mat fwd+bwd ms | fused fwd+bwd ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     fmt = lambda x: "" if x is None else f"{x:.3f}"  # noqa: E731
     for r in rows:
         fla, mat, fus = r.get("fla_ms"), r.get("materialized_ms"), r.get("fused_ms")
         lines.append("| " + " | ".join([str(r["B"]), str(r["T"]), fmt(r["floor_ms"]), fmt(fla),
                      fmt(mat), fmt(mat / fla if fla and mat else None), fmt(fus),
                      fmt(fus / fla if fla and fus else None),
-                     fmt(r["floor_ms"] / fus if fus else None),
+                     fmt(r["floor_ms"] / fus if fus else None), fmt(r.get("gluon_ms")),
+                     fmt(r["gluon_ms"] / fla if fla and r.get("gluon_ms") else None),
                      fmt(r.get("materialized_fwdbwd_ms")), fmt(r.get("fused_fwdbwd_ms"))]) + " |")
     if kkt_row:
         lines += ["", "kkt_solve: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
@@ -371,9 +386,11 @@ def write_outputs(out, rows, kkt_row, bandwidth):
     labels = [f"B={r['B']}\nT={r['T']}" for r in rows]
     xs = range(len(rows))
     for i, (key, name) in enumerate([("fla_ms", "fla 0.6.0"), ("materialized_ms", "materialized"),
-                                     ("fused_ms", "fused"), ("floor_ms", "roofline floor")]):
-        ax.bar([x + 0.2 * i for x in xs], [r.get(key, 0) or 0 for r in rows], width=0.2, label=name)
-    ax.set_xticks([x + 0.3 for x in xs], labels)
+                                     ("fused_ms", "fused"), ("gluon_ms", "gluon (experimental)"),
+                                     ("floor_ms", "roofline floor")]):
+        ax.bar([x + 0.16 * i for x in xs], [r.get(key, 0) or 0 for r in rows], width=0.16,
+               label=name)
+    ax.set_xticks([x + 0.32 for x in xs], labels)
     ax.set_ylabel("forward time, ms (median)")
     ax.set_title("Gated DeltaNet forward, H=16, HV=32, K=V=128, bf16, H200")
     ax.legend()

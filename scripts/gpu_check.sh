@@ -5,8 +5,8 @@
 # STEPS picks among gluon (the experimental Gluon kernels' GPU tests), tests (every other gpu
 # test), bench (eval.bench at the anchor shapes) and sweep (eval.bench --sweep); default all
 # four, which need more than one 600 s call when every gpu test runs: split them as above, and
-# give the second call GDN_BENCH_SKIP_GLUON=1 / _GLUON_OUTPUT=1 / _GLUON_WU=1 for a Gluon kernel
-# whose test failed or hung in the first (the sweep would otherwise hang on it).
+# give the second call GDN_BENCH_SKIP_GLUON=1 (or _GLUON_OUTPUT, _GLUON_WU, _GLUON_FORWARD) for
+# each Gluon kernel whose test failed or hung in the first (the sweep would hang on it too).
 # Needs fla 0.6.0 wheels in .whl/ (carried) for the baseline columns; writes logs under $OUT.
 # The steps share one budget (BUDGET seconds, default 580: a device call runs at most 600), each
 # getting what is left less what the later ones hold back, so a slow step cannot starve the
@@ -44,12 +44,16 @@ if want gluon; then
   timeout 60 python3 -m pytest -m gpu -q -s -rs tests/test_gluon_wu.py 2>&1 | \
     tee -a "$OUT/gluon_output_tests.log"
   [ "${PIPESTATUS[0]}" = 0 ] || export GDN_BENCH_SKIP_GLUON_WU=1
+  # the three-launch forward built from them (skipped by its test when a piece fails)
+  timeout 90 python3 -m pytest -m gpu -q -s -rs tests/test_gluon_forward.py 2>&1 | \
+    tee -a "$OUT/gluon_output_tests.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || export GDN_BENCH_SKIP_GLUON_FORWARD=1
 fi
 # 2. Every other gpu test.
 if want tests; then
   timeout $(left $HOLD_BENCH) python3 -m pytest -m gpu -q -s -rs --continue-on-collection-errors \
     --ignore=tests/test_gluon_state.py --ignore=tests/test_gluon_state_output.py \
-    --ignore=tests/test_gluon_wu.py \
+    --ignore=tests/test_gluon_wu.py --ignore=tests/test_gluon_forward.py \
     ${KEXPR:+-k "$KEXPR"} tests/ 2>&1 | tee "$OUT/gpu_tests.log"
 fi
 # 3. The benchmark: forward and forward+backward at the anchor shapes, kkt_solve, stages.
