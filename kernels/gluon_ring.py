@@ -6,7 +6,7 @@ consumer's accumulator layout and its state tile.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 LOAD_WARPS = gl.constexpr(1)
 LOAD_REGS = gl.constexpr(24)  # the minimum setmaxnreg budget; the producer holds only scalars
@@ -63,6 +63,11 @@ def ring_barriers(STAGES: gl.constexpr):
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
+    # the inits are generic-proxy writes; the TMA's complete_tx reaches the ready barriers
+    # through the async proxy: fence between them (CUDA programming guide, TMA: "make
+    # initialized barrier visible in async proxy"); warp_specialize's entry barrier then
+    # publishes them to the producer warp
+    fence_async_shared()
     return ready, empty
 
 

@@ -67,6 +67,12 @@ def _state_partition(bufs, bars, s_smem, vn_smem, h_desc, G, v_new, h0, ht, T, N
     bos = i_n * T
     for i_t in range(NT):
         s = i_t % STAGES
+        t = i_t * BT + o_t
+        valid = t < T
+        # the chunk's gates first: their global-load latency then overlaps the h store, the
+        # ready wait and W S instead of stalling the decay (no store or barrier ahead of them)
+        G_last = gl.load(G + (bos + gl.minimum((i_t + 1) * BT, T) - 1).to(gl.int64) * HV + i_hv)
+        b_G = gl.load(G + (bos + t).to(gl.int64) * HV + i_hv, mask=valid, other=0.)
         # the previous h_c TMA store must have read s_smem before it is overwritten
         tma.store_wait(0)
         s_smem.store(S.to(gl.bfloat16))
@@ -78,12 +84,8 @@ def _state_partition(bufs, bars, s_smem, vn_smem, h_desc, G, v_new, h0, ht, T, N
         w_s = warpgroup_mma(w_bufs.index(s), s_smem, gl.zeros([BT, BV], gl.float32, acc),
                             use_acc=False)
         vn = u_bufs.index(s).load(acc).to(gl.float32) - w_s
-        t = i_t * BT + o_t
-        valid = t < T
         p_vn = v_new + ((bos + t).to(gl.int64) * HV + i_hv)[:, None] * V + i_v * BV + o_v[None, :]
         gl.store(p_vn, vn.to(gl.bfloat16), mask=valid[:, None])
-        G_last = gl.load(G + (bos + gl.minimum((i_t + 1) * BT, T) - 1).to(gl.int64) * HV + i_hv)
-        b_G = gl.load(G + (bos + t).to(gl.int64) * HV + i_hv, mask=valid, other=0.)
         # G_C − G_i ≤ 0: the exp cannot overflow; rows past T get weight 0
         decay = gl.where(valid, gl.exp((G_last - b_G).to(gl.float32)), 0.)
         vn_smem.store((vn * decay[:, None]).to(gl.bfloat16))

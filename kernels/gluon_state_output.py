@@ -97,6 +97,14 @@ def _state_output_partition(bufs, bars, s_smem, vn_smem, vd_smem, G, o, h0, ht, 
     bos = i_n * T
     for i_t in range(NT):
         s = i_t % STAGES
+        t = i_t * BT + o_t
+        valid = t < T
+        # the chunk's gates first: their global-load latency then overlaps the S store and the
+        # ready wait instead of stalling the mask and the decay
+        b_G = gl.load(G + (bos + t).to(gl.int64) * HV + i_hv, mask=valid, other=0.)
+        b_Gj = gl.load(G + (bos + i_t * BT + o_j).to(gl.int64) * HV + i_hv,
+                       mask=i_t * BT + o_j < T, other=0.)
+        G_last = gl.load(G + (bos + gl.minimum((i_t + 1) * BT, T) - 1).to(gl.int64) * HV + i_hv)
         # h_c: the state before this chunk's update, for both the output and V'
         s_smem.store(S.to(gl.bfloat16))
         fence_async_shared()
@@ -104,13 +112,8 @@ def _state_output_partition(bufs, bars, s_smem, vn_smem, vd_smem, G, o, h0, ht, 
         mbarrier.wait(ready.index(s), (i_t // STAGES) & 1)
         q_s = q_bufs.index(s)
         k_s = k_bufs.index(s)
-        t = i_t * BT + o_t
-        valid = t < T
-        b_G = gl.load(G + (bos + t).to(gl.int64) * HV + i_hv, mask=valid, other=0.)
         # first the masked Q Kᵀ, which needs no S: kept as a bf16 A operand (16 registers),
         # its fp64 G columns and fp32 temporaries are dead before V' and the output are live
-        b_Gj = gl.load(G + (bos + i_t * BT + o_j).to(gl.int64) * HV + i_hv,
-                       mask=i_t * BT + o_j < T, other=0.)
         qk = warpgroup_mma(q_s, k_s.permute((1, 0)), gl.zeros([BT, BT], gl.float32, acc),
                            use_acc=False)
         # rows past T are selected away too: their G reads 0, so G_i − G_j may be > 0
@@ -121,7 +124,6 @@ def _state_output_partition(bufs, bars, s_smem, vn_smem, vd_smem, G, o, h0, ht, 
         vn = u_bufs.index(s).load(acc).to(gl.float32) - \
             warpgroup_mma(w_bufs.index(s), s_smem, gl.zeros([BT, BV], gl.float32, acc),
                           use_acc=False)
-        G_last = gl.load(G + (bos + gl.minimum((i_t + 1) * BT, T) - 1).to(gl.int64) * HV + i_hv)
         # G_C − G_i ≤ 0: the exp cannot overflow; rows past T get weight 0
         decay = gl.where(valid, gl.exp((G_last - b_G).to(gl.float32)), 0.)
         vn_smem.store(vn.to(gl.bfloat16))
