@@ -152,7 +152,8 @@ def chunk_state_gluon(k, w, u, G, initial_state, output_final_state, chunk_size=
                          f"chunk {chunk_size}, K {K}, V {V}")
     if any(x.dtype != torch.bfloat16 for x in (k, w, u)):
         raise ValueError("chunk_state_gluon: k, w, u must be bf16")
-    if HV % H or w.shape[:3] != (B, T, HV) or G.shape != (B, T, HV):
+    if (HV % H or w.shape[:3] != (B, T, HV) or u.shape[:2] != (B, T) or G.shape != (B, T, HV)
+            or (initial_state is not None and initial_state.shape != (B, HV, K, V))):
         raise ValueError(f"chunk_state_gluon: shapes k {tuple(k.shape)}, w {tuple(w.shape)}, "
                          f"u {tuple(u.shape)}, G {tuple(G.shape)} do not match")
     if num_seqs not in (None, B):
