@@ -139,28 +139,27 @@ def _fused_fwd(num_segments: int = 1):
     return _fused_fwd_kernel, sig, consts
 
 
-def _gluon_state():
+def _gluon_ring_kernel(module: str, kernel: str, pointers: dict):
+    """A state kernel on the Gluon ring (kernels/gluon_ring.py): its TMA descriptors from the
+    module's DESCRIPTOR_BLOCKS, ``pointers`` for the other runtime arguments."""
+    import importlib
     from gdn_fused.kernels.gluon_ring import descriptor_layout
-    from gdn_fused.kernels.gluon_state import (DESCRIPTOR_BLOCKS, NUM_STAGES,
-                                               chunk_state_gluon_kernel)
+    mod = importlib.import_module(f"gdn_fused.kernels.{module}")
     sig = {f"{n}_desc": tensordesc("bf16", b, descriptor_layout(b))
-           for n, b in DESCRIPTOR_BLOCKS.items()}
-    sig.update(G="*fp64", v_new="*bf16", h0="*fp32", ht="*fp32", T="i32")
+           for n, b in mod.DESCRIPTOR_BLOCKS.items()}
+    sig.update(pointers, G="*fp64", h0="*fp32", ht="*fp32", T="i32")
     consts = dict(H=16, HV=32, K=128, V=128, USE_INITIAL_STATE=True, STORE_FINAL_STATE=True,
-                  STAGES=NUM_STAGES)
-    return chunk_state_gluon_kernel, sig, consts
+                  STAGES=mod.NUM_STAGES)
+    return getattr(mod, kernel), sig, consts
+
+
+def _gluon_state():
+    return _gluon_ring_kernel("gluon_state", "chunk_state_gluon_kernel", dict(v_new="*bf16"))
 
 
 def _gluon_state_output():
-    from gdn_fused.kernels.gluon_state_output import (DESCRIPTOR_BLOCKS, NUM_STAGES,
-                                                      chunk_state_output_gluon_kernel)
-    from gdn_fused.kernels.gluon_ring import descriptor_layout
-    sig = {f"{n}_desc": tensordesc("bf16", b, descriptor_layout(b))
-           for n, b in DESCRIPTOR_BLOCKS.items()}
-    sig.update(G="*fp64", o="*bf16", h0="*fp32", ht="*fp32", scale="fp32", T="i32")
-    consts = dict(H=16, HV=32, K=128, V=128, USE_INITIAL_STATE=True, STORE_FINAL_STATE=True,
-                  STAGES=NUM_STAGES)
-    return chunk_state_output_gluon_kernel, sig, consts
+    return _gluon_ring_kernel("gluon_state_output", "chunk_state_output_gluon_kernel",
+                              dict(o="*bf16", scale="fp32"))
 
 
 def _gluon_wu():

@@ -92,6 +92,19 @@ def state_tile(ptr, i_n, i_hv, i_v, HV: gl.constexpr, K: gl.constexpr, V: gl.con
 
 
 @gluon.jit
+def chunk_gates(G, bos, i_t, T, o_t, HV: gl.constexpr, i_hv):
+    """(valid rows, G of the chunk's rows (0 past T), G of its last valid row) for chunk i_t of
+    the sequence starting at token ``bos``; G is [B·T, HV] fp64. Loaded at the top of a chunk
+    step, so their latency overlaps the step's shared-memory stores and waits."""
+    BT: gl.constexpr = o_t.shape[0]
+    t = i_t * BT + o_t
+    valid = t < T
+    b_G = gl.load(G + (bos + t).to(gl.int64) * HV + i_hv, mask=valid, other=0.)
+    G_last = gl.load(G + (bos + gl.minimum((i_t + 1) * BT, T) - 1).to(gl.int64) * HV + i_hv)
+    return valid, b_G, G_last
+
+
+@gluon.jit
 def initial_state(h0, i_n, i_hv, i_v, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
                   BV: gl.constexpr, layout: gl.constexpr, USE_INITIAL_STATE: gl.constexpr):
     """The consumer's fp32 state tile before the first chunk: h0's block, or zeros."""

@@ -36,8 +36,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from gdn_fused.kernels.gluon_ring import (LOAD_REGS, LOAD_WARPS, accumulator_layout,
-                                          descriptor_layout, initial_state, load_ring,
-                                          ring_barriers, ring_buffers, ring_program, state_tile)
+                                          chunk_gates, descriptor_layout, initial_state,
+                                          load_ring, ring_barriers, ring_buffers, ring_program,
+                                          state_tile)
 
 CHUNK = 64
 HEAD_DIM = 128
@@ -68,11 +69,9 @@ def _state_partition(bufs, bars, s_smem, vn_smem, h_desc, G, v_new, h0, ht, T, N
     for i_t in range(NT):
         s = i_t % STAGES
         t = i_t * BT + o_t
-        valid = t < T
         # the chunk's gates first: their global-load latency then overlaps the h store, the
         # ready wait and W S instead of stalling the decay (no store or barrier ahead of them)
-        G_last = gl.load(G + (bos + gl.minimum((i_t + 1) * BT, T) - 1).to(gl.int64) * HV + i_hv)
-        b_G = gl.load(G + (bos + t).to(gl.int64) * HV + i_hv, mask=valid, other=0.)
+        valid, b_G, G_last = chunk_gates(G, bos, i_t, T, o_t, HV, i_hv)
         # the previous h_c TMA store must have read s_smem before it is overwritten
         tma.store_wait(0)
         s_smem.store(S.to(gl.bfloat16))

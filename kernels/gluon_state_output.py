@@ -65,8 +65,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from gdn_fused.kernels.gluon_ring import (LOAD_REGS, LOAD_WARPS, accumulator_layout,
-                                          descriptor_layout, initial_state, load_ring,
-                                          ring_barriers, ring_buffers, ring_program, state_tile)
+                                          chunk_gates, descriptor_layout, initial_state,
+                                          load_ring, ring_barriers, ring_buffers, ring_program,
+                                          state_tile)
 from gdn_fused.kernels.gluon_state import BV, CHUNK, HEAD_DIM
 
 NUM_STAGES = 2  # ring depth of q/k/w/u tiles (56 KB a stage): chunk c+1 loads while c computes
@@ -97,14 +98,11 @@ def _state_output_partition(bufs, bars, s_smem, vn_smem, vd_smem, G, o, h0, ht, 
     bos = i_n * T
     for i_t in range(NT):
         s = i_t % STAGES
-        t = i_t * BT + o_t
-        valid = t < T
         # the chunk's gates first: their global-load latency then overlaps the S store and the
         # ready wait instead of stalling the mask and the decay
-        b_G = gl.load(G + (bos + t).to(gl.int64) * HV + i_hv, mask=valid, other=0.)
+        valid, b_G, G_last = chunk_gates(G, bos, i_t, T, o_t, HV, i_hv)
         b_Gj = gl.load(G + (bos + i_t * BT + o_j).to(gl.int64) * HV + i_hv,
                        mask=i_t * BT + o_j < T, other=0.)
-        G_last = gl.load(G + (bos + gl.minimum((i_t + 1) * BT, T) - 1).to(gl.int64) * HV + i_hv)
         # h_c: the state before this chunk's update, for both the output and V'
         s_smem.store(S.to(gl.bfloat16))
         fence_async_shared()
