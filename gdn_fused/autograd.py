@@ -3,8 +3,11 @@
 The forward runs the chosen Triton path; the backward is the same for both (the fused forward
 computes the same chunkwise math): the Triton chunk kernels of
 :func:`gdn_fused.kernels.chunk_bwd.chunk_gated_delta_rule_bwd`, which recompute every
-intermediate from the inputs. Saved for backward: the inputs only (q, k, v, g, beta,
-initial_state, cu_seqlens — tensors the caller holds anyway), i.e. 0 extra bytes per token.
+intermediate from the inputs. Saved for backward: the kernel inputs only (q, k, v, g, beta,
+initial_state, cu_seqlens), no intermediate. Most are the caller's own tensors; two can be
+copies the op made: q and k after ``use_qk_l2norm_in_kernel`` (2·H·K elements a token in their
+dtype) and g after the op's clamp at LOG_DECAY_MIN (HV fp32 a token) — what autograd keeps for
+those element-wise ops anyway.
 
 :func:`backward_by_recompute` is the slow exact reference: it differentiates the chunked torch
 form (:func:`gdn_fused.reference.chunk_gated_delta_rule_ref`) in fp32 under torch autograd.

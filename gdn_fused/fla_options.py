@@ -29,22 +29,17 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from gdn_fused.gates import gdn_beta, gdn_decay
+from gdn_fused.validation import as_flag
 
 # fla's precomputed helpers: consistent with cu_seqlens by contract, and ours are derived from it
 UNREAD = ("cu_seqlens_cpu", "chunk_indices")
 
 
 def _flag(kwargs: dict, name: str) -> bool:
-    value = kwargs.pop(name, None)
-    if value is None:
-        return False
-    if isinstance(value, (bool, np.bool_)) or (isinstance(value, int) and value in (0, 1)):
-        return bool(value)
-    raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return as_flag(name, kwargs.pop(name, None))
 
 
 @dataclass(frozen=True)
@@ -87,6 +82,8 @@ class FlaOptions:
                 if tuple(x.shape) != (HV,):
                     raise ValueError(f"{name} must be [HV] = [{HV}] (g's value heads), got "
                                      f"{tuple(x.shape)}")
+                if x.device != g.device:
+                    raise ValueError(f"{name} must be on g's device {g.device}, got {x.device}")
             dt_bias = self.dt_bias if self.dt_bias is not None else self.A_log.new_zeros(HV)
             g = gdn_decay(self.A_log, g, dt_bias)
         if self.use_beta_sigmoid_in_kernel:

@@ -8,7 +8,7 @@ import torch
 from gdn_fused.fla_options import parse_fla_options
 from gdn_fused.reference import (LOG_DECAY_MIN, chunk_gated_delta_rule_ref, l2norm,
                                  recurrent_gated_delta_rule_ref)
-from gdn_fused.validation import (as_chunk_size, as_scale, check_device_for_backend,
+from gdn_fused.validation import (as_chunk_size, as_flag, as_scale, check_device_for_backend,
                                   check_inputs, check_solve_method)
 
 logger = logging.getLogger("gdn_fused")
@@ -109,22 +109,27 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
     fla = parse_fla_options(kwargs, "chunk_gated_delta_rule")
     initial_state = fla.state_in(initial_state)
     check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, backend, fla.state_v_first)
-    g, beta = fla.gates(g, beta)
     chunk_size = as_chunk_size(chunk_size)
     scale = as_scale(scale, q.shape[-1])
+    output_final_state = as_flag("output_final_state", output_final_state)
+    use_qk_l2norm_in_kernel = as_flag("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel)
+    if backend != "auto":
+        # on the backend the caller named, before a fallback could rename it in the message
+        check_solve_method(backend, solve_method, solve_iters)
+        check_device_for_backend(backend, q.device, q.dtype)
     backend = resolve_backend(backend, q, v, chunk_size)
     if backend == "fused" and solve_method != "blocked":
         logger.debug("gdn_fused: fused runs solve_method='blocked' only; using materialized")
         backend = "materialized"
     solve_iters = check_solve_method(backend, solve_method, solve_iters)
     check_device_for_backend(backend, q.device, q.dtype)
+    g, beta = fla.gates(g, beta)  # after every check: no work for input that raises
     g = g.clamp(min=LOG_DECAY_MIN)
     if backend == "torch":
         o, ht = chunk_gated_delta_rule_ref(q, k, v, g, beta, scale, initial_state,
                                            output_final_state, cu_seqlens,
                                            use_qk_l2norm_in_kernel, chunk_size,
                                            solve_method, solve_iters)
-        ht = ht.float() if ht is not None and ht.dtype != torch.float64 else ht
         return o.to(q.dtype), fla.state_out(ht)
     from gdn_fused.autograd import chunk_gated_delta_rule_triton
     o, ht = chunk_gated_delta_rule_triton(q, k, v, g, beta, scale, initial_state,
@@ -144,11 +149,16 @@ def fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=Non
     :func:`chunk_gated_delta_rule`; g defaults to 0 (no decay) and beta to 1. The positional
     order is fla 0.6.0's — ``(q, k, v, g, gk, gv, beta, scale, initial_state,
     output_final_state)``, the rest keyword-only — so pass beta by keyword; ``gk`` and ``gv``
-    (per-key / per-value gates of fla's other models) must be None (ValueError otherwise). backend: "auto" (one Triton launch on CUDA, the torch recurrence
-    on CPU or when an input requires grad), "torch" (differentiable), or "triton" (CUDA, or
-    CPU with TRITON_INTERPRET=1; inference only: raises ValueError when gradients are needed).
+    (per-key / per-value gates of fla's other models) must be None (ValueError otherwise).
+    backend: "auto" (one Triton launch on CUDA, the torch recurrence on CPU or when an input
+    requires grad), "torch" (differentiable), or "triton" (CUDA, or CPU with
+    TRITON_INTERPRET=1; inference only: raises ValueError when gradients are needed). No
+    chunk_size or solve_method: there is no chunked inverse. Math: the Gated DeltaNet
+    recurrence (Yang, Kautz & Hatamizadeh, arXiv:2412.06464, §3.3), one token at a time.
 
-    Returns ``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] fp32 or None)``."""
+    Returns ``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] fp32 — fp64 on the torch
+    backend with fp64 inputs — or None)``. Raises as the chunk op, and ValueError for
+    ``use_gate_in_kernel=True`` without g."""
     # beta defaults before fla's options (as in fla, use_beta_sigmoid_in_kernel then acts on
     # the default), g after them (use_gate_in_kernel needs a g)
     for name, gate in (("gk", gk), ("gv", gv)):
@@ -167,10 +177,12 @@ def fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=Non
         g = v.new_zeros(v.shape[:3], dtype=torch.float32)
     initial_state = fla.state_in(initial_state)
     check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, "auto", fla.state_v_first)
-    g, beta = fla.gates(g, beta)
     scale = as_scale(scale, q.shape[-1])
+    output_final_state = as_flag("output_final_state", output_final_state)
+    use_qk_l2norm_in_kernel = as_flag("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel)
     needs_grad = torch.is_grad_enabled() and any(
-        isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v, g, beta, initial_state))
+        isinstance(x, torch.Tensor) and x.requires_grad
+        for x in (q, k, v, g, beta, initial_state, fla.A_log, fla.dt_bias))
     if backend == "auto":
         # the Triton decode kernel has no backward: gradients go through the torch recurrence
         backend = "triton" if q.device.type == "cuda" and not needs_grad else "torch"
@@ -178,12 +190,12 @@ def fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=Non
         raise ValueError("backend='triton' decode is inference-only (no backward); use "
                          "backend='torch' or chunk_gated_delta_rule for gradients")
     check_device_for_backend(backend, q.device, q.dtype)
+    g, beta = fla.gates(g, beta)  # after every check: no work for input that raises
     g = g.clamp(min=LOG_DECAY_MIN)  # as in the chunk op, so prefill and decode agree
     if backend == "torch":
         o, ht = recurrent_gated_delta_rule_ref(q, k, v, g, beta, scale, initial_state,
                                                output_final_state, cu_seqlens,
                                                use_qk_l2norm_in_kernel)
-        ht = ht.float() if ht is not None and ht.dtype != torch.float64 else ht
         return o.to(q.dtype), fla.state_out(ht)
     from gdn_fused.kernels.recurrent import fused_recurrent_fwd
     if use_qk_l2norm_in_kernel:

@@ -5,6 +5,7 @@ import math
 import numbers
 import operator
 
+import numpy as np
 import torch
 
 BACKENDS = ("auto", "torch", "materialized", "fused")
@@ -39,6 +40,18 @@ def as_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     return operator.index(value)
+
+
+def as_flag(name: str, value) -> bool:
+    """A flag by truth value, as fla takes its flags: None, a bool (numpy's too) or 0 / 1.
+
+    Raises TypeError naming ``name`` for anything else — a string such as "no" or a tensor,
+    whose truth value would silently switch the option on."""
+    if value is None:
+        return False
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, int) and value in (0, 1)):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
 
 
 def as_chunk_size(chunk_size) -> int:
@@ -147,7 +160,10 @@ def check_cu_seqlens(cu_seqlens, B: int, T: int, device: torch.device) -> int:
 
 def check_device_for_backend(backend: str, device: torch.device, dtype: torch.dtype):
     """Triton backends need CUDA tensors, or CPU tensors under TRITON_INTERPRET=1, and data in
-    fp16/bf16/fp32 (fp64 is the torch backend's, for references)."""
+    fp16/bf16/fp32 (fp64 is the torch backend's, for references).
+
+    Raises ValueError for CPU tensors without the interpreter, TypeError for float64 data and
+    for bfloat16 under the interpreter; returns for the torch backend."""
     if backend not in ("materialized", "fused", "triton"):
         return
     if device.type != "cuda" and not triton_interpreted():

@@ -181,3 +181,24 @@ def test_old_state_layout_name_warns_like_fla():
     with pytest.warns(DeprecationWarning, match="transpose_state_layout"):
         chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0.transpose(-1, -2),
                                transpose_state_layout=True, backend="torch")
+
+
+@pytest.mark.parametrize("op", [chunk_gated_delta_rule, fused_recurrent_gated_delta_rule])
+@pytest.mark.parametrize("name", ["output_final_state", "use_qk_l2norm_in_kernel"])
+def test_the_ops_own_flags_refuse_non_bools(op, name):
+    """A string's truth value would switch the option on silently ("no" is true)."""
+    q, k, v, g, beta, _ = make_inputs(1, 5, H, HV, K, V)
+    with pytest.raises(TypeError, match=f"{name} must be a bool"):
+        op(q, k, v, g, beta=beta, backend="torch", **{name: "no"})
+
+
+def test_gates_are_computed_only_after_every_check(monkeypatch):
+    import gdn_fused.fla_options as fla_options
+
+    def forbidden(*args):
+        raise AssertionError("gate computed for input that raises")
+    monkeypatch.setattr(fla_options, "gdn_decay", forbidden)
+    q, k, v, g, beta, _ = make_inputs(1, 5, H, HV, K, V)
+    with pytest.raises(ValueError, match="chunk_size"):
+        chunk_gated_delta_rule(q, k, v, g, beta, chunk_size=48, use_gate_in_kernel=True,
+                               A_log=torch.zeros(HV), backend="torch")

@@ -185,3 +185,13 @@ def test_numpy_real_scale_is_taken_as_float(scale):
     o, _ = fused_recurrent_gated_delta_rule(**good(), scale=scale, backend="torch")
     assert torch.equal(o, fused_recurrent_gated_delta_rule(**good(), scale=0.5,
                                                            backend="torch")[0])
+
+
+def test_errors_name_the_backend_the_caller_asked_for():
+    """fused falls back to materialized for inputs it does not take; a refusal of the input
+    must still speak of backend='fused', not of the fallback."""
+    q, k, v, g, b, _ = make_inputs(1, 20, 2, 4, 16, 8, torch.float64)
+    with pytest.raises(TypeError, match="backend='fused'"):
+        chunk_gated_delta_rule(q, k, v, g, b, backend="fused")
+    with pytest.raises(ValueError, match="on backend 'fused'"):
+        chunk_gated_delta_rule(**good(), backend="fused", solve_method="mch")
