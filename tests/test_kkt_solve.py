@@ -67,6 +67,20 @@ def test_coupling_sign():
     assert torch.equal(Ai[0, :16, 0, :16], torch.eye(16))
 
 
+@pytest.mark.parametrize("gate", ["zero", "strong"])
+@pytest.mark.parametrize("method", ["blocked", "mxr"])
+def test_hard_gates_against_fp64(gate, method):
+    """g = 0 (no decay: the largest off-diagonal entries) and strong decay (entries down to
+    e^-4480): relative error on the strictly lower triangle, so near-zero entries still count."""
+    k, G, beta, A = setup(64, gate)
+    for Ai in (kkt_solve(A, solve_method=method),
+               kkt_solve_from_k(k, G, beta, 2, 64, solve_method=method)):
+        for a, t in zip(chunk_tiles(A, 64), chunk_tiles(Ai, 64)):
+            ref = torch.linalg.inv(torch.eye(a.shape[0], dtype=torch.float64) + a.double())
+            assert rel_err(t.tril(-1), ref.tril(-1)) <= 1e-5
+            assert torch.equal(t.diagonal(), torch.ones(a.shape[0]))
+
+
 def test_strong_decay_stays_finite():
     k, G, beta, A = setup(64, gate="strong")
     assert torch.isfinite(kkt_solve_from_k(k, G, beta, 2, 64)).all()

@@ -10,8 +10,10 @@ import gdn_fused.layer as layer_module
 from gdn_fused.cache import GatedDeltaNetCache
 from gdn_fused.gates import gdn_decay
 from gdn_fused.layer import RECURRENT_MAX_TOKENS, GatedDeltaNet
+from gdn_fused.ops import resolve_backend
 from gdn_fused.reference import LOG_DECAY_MIN
 from gdn_fused.reference import recurrent_gated_delta_rule_ref
+from tests.cases import rel_err
 from gdn_fused.validation import triton_interpreted
 
 D_MODEL, H, HV, K, V, W = 32, 2, 4, 16, 8, 4
@@ -71,10 +73,6 @@ def reference_layer(layer, x, mask=None):
         zz = z.reshape(B, T, HV, V)
         o = o * zz * torch.sigmoid(zz)
     return o.reshape(B, T, vd) @ p["out_proj.weight"].T
-
-
-def rel_err(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
 VARIANTS = [
@@ -379,8 +377,12 @@ def test_triton_backends_match_torch_backend(backend):
     if not torch.cuda.is_available() and not triton_interpreted():
         pytest.skip("needs CUDA or TRITON_INTERPRET=1")
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    ref = make_layer(torch.float32, backend="torch").to(device)
-    tri = make_layer(torch.float32, backend=backend).to(device)
+    # head dims 64: sizes the fused kernel takes, so "fused" is not materialized again
+    dims = dict(head_k_dim=64, head_v_dim=64)
+    ref = make_layer(torch.float32, backend="torch", **dims).to(device)
+    tri = make_layer(torch.float32, backend=backend, **dims).to(device)
+    assert resolve_backend(backend, torch.zeros(1, 1, 1, 64, device=device),
+                           torch.zeros(1, 1, 1, 64, device=device), 16) == backend
     x = torch.randn(2, 38, D_MODEL, device=device)
     caches = GatedDeltaNetCache(), GatedDeltaNetCache()
     with torch.no_grad():

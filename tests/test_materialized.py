@@ -86,7 +86,7 @@ def test_strided_inputs():
     assert rel_err(o, o_ref) <= 1e-5
 
 
-@pytest.mark.parametrize("case", [CASES[i] for i in (0, 2, 6, 7, 8)], ids=lambda c: c[0])
+@pytest.mark.parametrize("case", [CASES[i] for i in (0, 2, 3, 6, 7, 8)], ids=lambda c: c[0])
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_recurrent(case, backend):
     name, B, T, H, HV, gate, beta, h0, cu, C = case

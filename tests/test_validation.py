@@ -114,8 +114,11 @@ def test_recurrent_triton_refuses_gradients_and_auto_takes_torch():
 @pytest.mark.parametrize("backend", ["torch", "materialized", "fused"])
 def test_minus_inf_gate_resets_without_nan(backend):
     """g = −inf (a full reset) acts as the floor −128: the state before it is forgotten."""
+    from gdn_fused.ops import resolve_backend
     from tests.cases import rel_err, truth
-    q, k, v, g, b, h = make_inputs(1, 80, 1, 2, 16, 16, initial_state=True)
+    # K = V = 64: a size the fused kernel takes, so "fused" is not materialized again
+    q, k, v, g, b, h = make_inputs(1, 80, 1, 2, 64, 64, initial_state=True)
+    assert resolve_backend(backend, q, v, 64) == backend
     g[0, 30] = -torch.inf
     o, ht = chunk_gated_delta_rule(q, k, v, g, b, initial_state=h, output_final_state=True,
                                    backend=backend)
