@@ -21,7 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_fused.kernels.chunk_gate_bwd import chunk_gate_bwd, chunk_log_decay, decay, decay_between
+from gdn_fused.kernels.chunk_gate import chunk_log_decay, decay, gated_decay
+from gdn_fused.kernels.chunk_gate_bwd import chunk_gate_bwd
 from gdn_fused.kernels.chunk_index import chunk_program, first_chunk
 
 BLOCK_K = 64  # key columns per program: three [C, 64] fp32 accumulators fit in registers
@@ -93,7 +94,7 @@ def chunk_bwd_dqkwg_kernel(q, k, v_new, h, dh, g, do, dv2, dq, dk, dw, dg, cu_se
     b_a += tl.sum(b_dq * b_qf, 1)
     # through the intra-chunk output term M V': pair terms P_ij q_i·k_j below the diagonal
     incl = (o_i[:, None] >= o_i[None, :]) & valid[:, None]
-    b_P = b_dM * scale * decay_between(b_G, b_G, incl)
+    b_P = b_dM * scale * gated_decay(b_G, b_G, incl)
     b_qk = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)
     b_Z += tl.where(o_i[:, None] > o_i[None, :], b_P * b_qk, 0.)
     b_dg = chunk_gate_bwd(b_a, b_Z, BT)

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_fused.kernels.chunk_gate_bwd import chunk_log_decay, decay_between
+from gdn_fused.kernels.chunk_gate import chunk_log_decay, gated_decay
 from gdn_fused.kernels.chunk_index import chunk_head_program
 
 
@@ -30,7 +30,7 @@ def chunk_bwd_dv_local_kernel(q, k, g, do, dv, cu_seqlens, chunk_indices, scale,
     b_G = chunk_log_decay(g, bos, i_t, seqlen, i_hv, HV, BT)
     o_i = tl.arange(0, BT)
     incl = (o_i[:, None] >= o_i[None, :]) & ((i_t * BT + o_i) < seqlen)[:, None]
-    b_M = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC) * decay_between(b_G, b_G, incl)
+    b_M = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC) * gated_decay(b_G, b_G, incl)
     b_Mt = tl.trans(b_M * scale).to(do.dtype.element_ty)
     for i_v in range(tl.cdiv(V, BV)):
         p_do = tl.make_block_ptr(do + (bos * HV + i_hv) * V, (seqlen, V), (HV * V, 1),

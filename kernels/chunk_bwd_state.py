@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_fused.kernels.chunk_gate_bwd import chunk_log_decay, decay
+from gdn_fused.kernels.chunk_gate import chunk_log_decay, decay
 from gdn_fused.kernels.chunk_index import load_state_tile, state_program
 from gdn_fused.kernels.chunk_state import state_blocks
 

@@ -3,7 +3,11 @@
 G is kept in fp64 (8 bytes per token and value head, next to ~1 KB of q, k, v, o): every
 decay the chunk uses is a difference G_i − G_j or G_C − G_i, and in fp32 such a difference
 loses ulp(|G|) — 1e-3 absolute once a very negative gate has pushed |G| to 1e4, which was a
-1e-3 relative error on o. Kernels take the difference in fp64 and exponentiate in fp32."""
+1e-3 relative error on o. Kernels take the difference in fp64 and exponentiate in fp32.
+
+Also the gate math every kernel shares: chunk_log_decay (G of one chunk, recomputed from g by
+the backward kernels), gated_decay (the masked matrix e^{G_i − G_j}) and decay (the masked
+vector e^{D})."""
 import torch
 import triton
 import triton.language as tl
@@ -12,15 +16,43 @@ from gdn_fused.kernels.chunk_index import chunk_head_program
 
 
 @triton.jit
+def chunk_log_decay(g, bos, i_t, seqlen, i_hv, HV: tl.constexpr, BT: tl.constexpr):
+    """G [C] fp64 of chunk i_t: the cumsum of the per-token g (row stride HV, first row bos);
+    rows past the sequence end read g = 0, so G stays flat there.
+
+    fp64 because the gate gradient under strong decay is made of e^{G_i − G_j} for neighbouring
+    rows: an fp32 cumsum rounds G_i by up to ulp(|G|)/2 (2.4e−4 at |G| = 4480 = 64 · 70), which
+    becomes the relative error of e^{G_i − G_j}. From fp64 G the differences are good to
+    ~1e−7 relative (decay, gated_decay). C fp64 additions per program cost nothing."""
+    o_i = tl.arange(0, BT)
+    valid = (i_t * BT + o_i) < seqlen
+    b_g = tl.load(g + (bos + i_t * BT + o_i) * HV + i_hv, mask=valid, other=0.)
+    return tl.cumsum(b_g.to(tl.float64), axis=0)
+
+
+@triton.jit
+def gated_decay(b_G_row, b_G_col, mask):
+    """exp(G_i − G_j) in fp32 where mask holds, else 0. The difference is taken in G's dtype
+    (fp64: exact for the chunk's gates) and selected before the exp, so an entry above the
+    diagonal (positive exponent) never overflows into inf·0 = NaN."""
+    diff = (b_G_row[:, None] - b_G_col[None, :]).to(tl.float32)
+    return tl.where(mask, tl.exp(tl.where(mask, diff, 0.)), 0.)
+
+
+@triton.jit
+def decay(b_D, valid):
+    """exp(D) [C] fp32 on valid rows, else 0, for an fp64 exponent D ≤ 0 (G_i itself, or
+    G_C − G_i); rows past the end are selected away before the exp."""
+    return tl.where(valid, tl.exp(tl.where(valid, b_D, 0.).to(tl.float32)), 0.)
+
+
+@triton.jit
 def chunk_cumsum_kernel(g, G, cu_seqlens, chunk_indices, T, HV: tl.constexpr, BT: tl.constexpr,
                         IS_VARLEN: tl.constexpr):
     i_t, i_hv, _, bos, seqlen = chunk_head_program(T, cu_seqlens, chunk_indices, HV, HV,
                                                    IS_VARLEN)
-    p_g = tl.make_block_ptr(g + bos * HV + i_hv, (seqlen,), (HV,), (i_t * BT,), (BT,), (0,))
     p_G = tl.make_block_ptr(G + bos * HV + i_hv, (seqlen,), (HV,), (i_t * BT,), (BT,), (0,))
-    # rows past the sequence end load g = 0, so G stays flat there: G[C-1] == G at the last row
-    b_g = tl.load(p_g, boundary_check=(0,)).to(tl.float64)
-    tl.store(p_G, tl.cumsum(b_g, axis=0), boundary_check=(0,))
+    tl.store(p_G, chunk_log_decay(g, bos, i_t, seqlen, i_hv, HV, BT), boundary_check=(0,))
 
 
 def chunk_cumsum(g, chunk_size, cu_seqlens=None, chunk_indices=None, num_chunks=None):

@@ -4,7 +4,7 @@ import triton
 import triton.language as tl
 
 from gdn_fused.kernels.chunk_index import chunk_program, first_chunk
-from gdn_fused.kernels.kkt import gated_decay
+from gdn_fused.kernels.chunk_gate import gated_decay
 
 
 @triton.jit

@@ -3,16 +3,8 @@ import torch
 import triton
 import triton.language as tl
 
+from gdn_fused.kernels.chunk_gate import gated_decay
 from gdn_fused.kernels.chunk_index import chunk_head_program
-
-
-@triton.jit
-def gated_decay(b_G_row, b_G_col, mask):
-    """exp(G_i − G_j) in fp32 where mask holds, else 0. The difference is taken in G's dtype
-    (fp64: exact for the chunk's gates) and selected before the exp, so an entry above the
-    diagonal (positive exponent) never overflows into inf·0 = NaN."""
-    diff = (b_G_row[:, None] - b_G_col[None, :]).to(tl.float32)
-    return tl.where(mask, tl.exp(tl.where(mask, diff, 0.)), 0.)
 
 
 @triton.jit

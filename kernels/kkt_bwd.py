@@ -23,7 +23,7 @@ Gated KKᵀ. With E = dA ⊙ Γ (strictly lower, masked before the exp) and A_ij
 import triton
 import triton.language as tl
 
-from gdn_fused.kernels.chunk_gate_bwd import decay_between
+from gdn_fused.kernels.chunk_gate import gated_decay
 
 
 @triton.jit
@@ -41,7 +41,7 @@ def gated_kkt_bwd_gates(b_dA, b_kk, b_G, b_beta, strict):
     """Given dA, K Kᵀ [C, C] fp32, G [C] fp64 (chunk_log_decay) and β [C] fp32: returns
     (E = dA ⊙ Γ [C, C], dβ [C], R [C, C]): the write-strength gradient and the gate pair
     terms through A."""
-    b_E = b_dA * decay_between(b_G, b_G, strict)
+    b_E = b_dA * gated_decay(b_G, b_G, strict)
     b_Ekk = b_E * b_kk
     return b_E, tl.sum(b_Ekk, 1), b_Ekk * b_beta[:, None]
 

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from gdn_fused.kernels.chunk_index import chunk_head_program
-from gdn_fused.kernels.kkt import gated_decay
+from gdn_fused.kernels.chunk_gate import gated_decay
 
 BLOCK = 16  # base block: the smallest tl.dot tile, and 15 substitution steps
 

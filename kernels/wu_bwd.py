@@ -18,7 +18,8 @@ import triton
 import triton.language as tl
 
 from gdn_fused.kernels.chunk_bwd_dqkwg import key_block
-from gdn_fused.kernels.chunk_gate_bwd import chunk_gate_bwd, chunk_log_decay, decay
+from gdn_fused.kernels.chunk_gate import chunk_log_decay, decay
+from gdn_fused.kernels.chunk_gate_bwd import chunk_gate_bwd
 from gdn_fused.kernels.chunk_index import chunk_head_program
 from gdn_fused.kernels.kkt_bwd import gated_kkt_bwd_gates, gated_kkt_bwd_keys, kkt_solve_bwd
 
