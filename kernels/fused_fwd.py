@@ -36,7 +36,9 @@ import torch
 import triton
 import triton.language as tl
 
+from gdn_fused.kernels.chunk_gate import gated_decay
 from gdn_fused.kernels.chunk_index import sm_count
+from gdn_fused.kernels.kkt_solve import invert_diagonal_blocks
 from gdn_fused.validation import CHUNK_SIZES, triton_interpreted
 
 HEAD_DIMS = (64, 128)      # K and V the kernel is built and tested for
@@ -56,22 +58,6 @@ def _block_rows(A, sel, S: tl.constexpr):
     row; zero where none): [C/S, S, S]."""
     C: tl.constexpr = A.shape[0]
     return tl.sum(tl.reshape(tl.where(sel, A, 0.0), (C // S, S, C // S, S)), axis=2)
-
-
-@triton.jit
-def _forward_substitution(A):
-    """(I + A)⁻¹ for a batch of strictly lower triangular blocks A [NB, S, S] fp32.
-
-    Row s of the inverse X is e_s − A[s, :] X (rows above s are final, A[s, j ≥ s] = 0): S − 1
-    serial steps of vector work, all NB blocks side by side."""
-    r = tl.arange(0, A.shape[1])
-    at_row = r[None, :, None]
-    X = tl.where(r[:, None] == r[None, :], 1.0, 0.0)[None, :, :] + tl.zeros_like(A)
-    for s in tl.static_range(1, A.shape[1]):
-        a_s = tl.sum(tl.where(at_row == s, A, 0.0), axis=1)  # [NB, S] = A[:, s, :]
-        x_s = tl.where(r == s, 1.0, 0.0)[None, :] - tl.sum(a_s[:, :, None] * X, axis=1)
-        X = tl.where(at_row == s, x_s[:, None, :], X)
-    return X
 
 
 @triton.jit
@@ -120,7 +106,8 @@ def _unit_lower_inverse(A, SUB: tl.constexpr):
     tl.static_assert(NB == 1 or NB == 2 or NB == 4, "chunk must be 16, 32 or 64 rows")
     bi = tl.arange(0, C)[:, None] // SUB
     bj = tl.arange(0, C)[None, :] // SUB
-    X = _forward_substitution(_block_rows(A, bi == bj, SUB))
+    tl.static_assert(SUB == 16, "kkt_solve's diagonal-block substitution is 16×16")
+    X = invert_diagonal_blocks(_block_rows(A, bi == bj, SUB), NB)
     if NB >= 2:
         X = _merge_level(X, A)
     if NB >= 4:
@@ -140,10 +127,8 @@ def _chunk_gate_inverse(k, g, beta, n_valid, SUB: tl.constexpr):
     # negative gate has made |G| large (the materialized path does the same, chunk_gate.py)
     G = tl.cumsum(g.to(tl.float64), axis=0)
     rows = tl.arange(0, C)
-    # select before the exp: G_i − G_j > 0 above the diagonal can overflow, and inf·0 is NaN
     strict = (rows[:, None] > rows[None, :]) & (rows < n_valid)[:, None]
-    gamma = tl.exp(tl.where(strict, (G[:, None] - G[None, :]).to(tl.float32), float("-inf")))
-    A = beta[:, None] * gamma * tl.dot(k, tl.trans(k), input_precision=IEEE)
+    A = beta[:, None] * gated_decay(G, G, strict) * tl.dot(k, tl.trans(k), input_precision=IEEE)
     return G, _unit_lower_inverse(A, SUB)
 
 
@@ -290,8 +275,7 @@ def _fused_fwd_kernel(q, k, v, g, beta, o, h0, ht, seg_maps, cu_seqlens, scale, 
 
         qk = tl.dot(b_q, tl.trans(b_k), input_precision=IEEE)
         causal = (rows[:, None] >= rows[None, :]) & valid[:, None]
-        attn = tl.exp(tl.where(causal, (G[:, None] - G[None, :]).to(tl.float32),
-                               float("-inf"))) * qk * scale
+        attn = gated_decay(G, G, causal) * qk * scale
         # gate rows after the product: q stays the loaded tile (no scaled copy in registers)
         b_o = (scale * tl.exp(G.to(tl.float32)))[:, None] * \
             tl.dot(b_q, S.to(b_k.dtype), input_precision=IEEE)
