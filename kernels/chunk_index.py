@@ -53,16 +53,17 @@ def sm_count(device: torch.device) -> int:
 def chunk_program(i_t, i_b, T, cu_seqlens, chunk_indices, IS_VARLEN: tl.constexpr):
     """Map a chunk program to (sequence n, chunk index in it, first token row, sequence length).
 
-    Rows are counted in the flattened [B·T] token axis; dense batch b starts at row b·T."""
+    Rows are counted in the flattened [B·T] token axis; dense batch b starts at row b·T. The
+    first row is int64: every address is a row times a row width (HV·V elements and more), which
+    passes 2³¹ at half a million tokens with HV = 32, V = 128; one cast here covers them all."""
     if IS_VARLEN:
         i_n = tl.load(chunk_indices + i_t * 2).to(tl.int32)
         i_t = tl.load(chunk_indices + i_t * 2 + 1).to(tl.int32)
-        bos = tl.load(cu_seqlens + i_n).to(tl.int32)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int32)
-        seqlen = eos - bos
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        seqlen = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
     else:
         i_n = i_b
-        bos = i_b * T
+        bos = i_b.to(tl.int64) * T
         seqlen = T
     return i_n, i_t, bos, seqlen
 
@@ -80,14 +81,15 @@ def chunk_head_program(T, cu_seqlens, chunk_indices, H: tl.constexpr, HV: tl.con
 
 @triton.jit
 def sequence_program(i_n, T, cu_seqlens, IS_VARLEN: tl.constexpr):
-    """First token row and length of sequence i_n (dense: batch row i_n)."""
+    """First token row (int64, as in chunk_program) and length of sequence i_n (dense: batch
+    row i_n)."""
     if IS_VARLEN:
-        bos = tl.load(cu_seqlens + i_n).to(tl.int32)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int32)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        seqlen = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
     else:
-        bos = i_n * T
-        eos = bos + T
-    return bos, eos - bos
+        bos = i_n.to(tl.int64) * T
+        seqlen = T
+    return bos, seqlen
 
 
 @triton.jit
@@ -110,7 +112,7 @@ def state_program(T, cu_seqlens, chunk_offsets, H: tl.constexpr, HV: tl.constexp
     bos, seqlen = sequence_program(i_n, T, cu_seqlens, IS_VARLEN)
     boh = first_chunk(i_n, T, chunk_offsets, BT, IS_VARLEN)
     return (i_v, i_n, i_hv, i_hv // (HV // H), bos, seqlen, tl.cdiv(seqlen, BT), boh,
-            (i_n * HV + i_hv) * K * V)
+            (i_n * HV + i_hv).to(tl.int64) * K * V)
 
 
 @triton.jit
