@@ -1,6 +1,7 @@
 """Speed of the Gated DeltaNet paths beside flash-linear-attention, in one process on one GPU.
 
     python -m eval.bench [--out out/bench] [--shapes anchors] [--no-backward]
+    python -m eval.bench --sweep [fused,kkt,bwd,stages]     # launch variants, printed
 
 Times (``triton.testing.do_bench``, median) on the inputs of the project's anchor measurements
 (fla 0.6.0 and FlashQLA on the same machine) — q, k
@@ -156,7 +157,8 @@ def bench_stages(B=1, T=32768):
     from gdn_fused.kernels.chunk_gate import chunk_cumsum
     from gdn_fused.kernels.chunk_output import chunk_output
     from gdn_fused.kernels.chunk_state import chunk_state
-    from gdn_fused.kernels.kkt_solve import kkt_solve_from_k
+    from gdn_fused.kernels.kkt import chunk_kkt
+    from gdn_fused.kernels.kkt_solve import kkt_solve, kkt_solve_from_k
     from gdn_fused.kernels.wu import recompute_w_u
     q, k, v, g, beta, h0 = make_inputs(B, T)
     prec = "tf32"
@@ -167,11 +169,15 @@ def bench_stages(B=1, T=32768):
     stages = {
         "chunk_cumsum": lambda: chunk_cumsum(g, CHUNK),
         "kkt_solve_from_k": lambda: kkt_solve_from_k(k, G, beta, HV, CHUNK, torch.bfloat16),
+        # chunk_inverse's other route (kernels/kkt_solve.py A_THROUGH_HBM): A through HBM
+        "chunk_kkt": lambda: chunk_kkt(k, G, beta, HV, CHUNK),
+        "chunk_kkt + kkt_solve": lambda: kkt_solve(chunk_kkt(k, G, beta, HV, CHUNK),
+                                                   torch.bfloat16),
         "recompute_w_u": lambda: recompute_w_u(k, v, G, beta, Ai, dot_precision=prec),
         "chunk_state": lambda: chunk_state(k, w, u, G, h0, True, CHUNK, B, dot_precision=prec),
         "chunk_output": lambda: chunk_output(q, k, v_new, h, G, 0.1, CHUNK, dot_precision=prec),
     }
-    for bv in (16, 32, 64):  # state_blocks picks 16 here (fill the SMs); unmeasured so far
+    for bv in (16, 32, 64):  # state_blocks picks 32 here (measured 2026-11-29: 796/659/877)
         stages[f"chunk_state BV={bv}"] = lambda bv=bv: chunk_state(
             k, w, u, G, h0, True, CHUNK, B, dot_precision=prec, block_v=bv)
     gluon = _gluon_kernel("gluon_state", "chunk_state_gluon", "GDN_BENCH_SKIP_GLUON")
@@ -242,7 +248,7 @@ def bench_bwd_stages(B=1, T=32768):
     from gdn_fused.kernels.chunk_index import chunk_layout
     from gdn_fused.kernels.chunk_state import chunk_state
     from gdn_fused.kernels.kkt import dot_precision
-    from gdn_fused.kernels.kkt_solve import kkt_solve_from_k
+    from gdn_fused.kernels.kkt_solve import chunk_inverse
     from gdn_fused.kernels.wu import recompute_w_u
     from gdn_fused.kernels.wu_bwd import wu_bwd
     q, k, v, g, beta, h0 = make_inputs(B, T)
@@ -250,7 +256,7 @@ def bench_bwd_stages(B=1, T=32768):
     prec = dot_precision(q.dtype)
     N, offsets, idx = chunk_layout(None, B, CHUNK)
     G = chunk_cumsum(g, CHUNK, **idx)
-    Ai = kkt_solve_from_k(k, G, beta, HV, CHUNK, torch.float32, **idx)
+    Ai = chunk_inverse(k, G, beta, HV, CHUNK, torch.float32, **idx)
     w, u = recompute_w_u(k, v, G, beta, Ai, dot_precision=prec, **idx)
     h, v_new, _ = chunk_state(k, w, u, G, h0, False, CHUNK, N, chunk_offsets=offsets,
                               num_chunks=idx["num_chunks"], dot_precision=prec)
@@ -261,7 +267,7 @@ def bench_bwd_stages(B=1, T=32768):
     dq, dk, dw, dg_part = chunk_bwd_dqkwg(q, k, v_new, h, dh, g, do, dv2, scale, CHUNK,
                                           chunk_offsets=offsets, dot_precision=prec, **idx)
     stages = {
-        "recompute: kkt_solve_from_k (fp32 T)": lambda: kkt_solve_from_k(
+        "recompute: chunk_inverse (fp32 T)": lambda: chunk_inverse(
             k, G, beta, HV, CHUNK, torch.float32, **idx),
         "recompute: w, u": lambda: recompute_w_u(k, v, G, beta, Ai, dot_precision=prec, **idx),
         "recompute: chunk_state": lambda: chunk_state(
@@ -272,6 +278,10 @@ def bench_bwd_stages(B=1, T=32768):
         "chunk_bwd_state": lambda: chunk_bwd_state(
             q, k, w, g, do, dv_local, scale, dht, h0, CHUNK, N, chunk_offsets=offsets,
             num_chunks=idx["num_chunks"], dot_precision=prec),
+        # value columns per program at B = 1 (the forward's chunk_state: 32 best, 659 µs)
+        **{f"chunk_bwd_state BV={bv}": (lambda bv=bv: chunk_bwd_state(
+            q, k, w, g, do, dv_local, scale, dht, h0, CHUNK, N, chunk_offsets=offsets,
+            num_chunks=idx["num_chunks"], dot_precision=prec, block_v=bv)) for bv in (16, 32, 64)},
         "chunk_bwd_dqkwg": lambda: chunk_bwd_dqkwg(
             q, k, v_new, h, dh, g, do, dv2, scale, CHUNK, chunk_offsets=offsets,
             dot_precision=prec, **idx),
@@ -298,23 +308,57 @@ def _gluon_kernel(module, name, skip_env):
         return None
 
 
-def sweep_fused(B=1, T=32768):
-    """The fused kernel's open choices (docs/fused_design.md, "Risks"): segments per sequence
-    (the splitting constants are estimates) and chunk size 32 (ptxas: 488 B of spills vs
-    1,520 at 64)."""
+# Launch configurations of the fused kernel timed by sweep_fused: (value columns, warps,
+# software-pipeline stages). ptxas (sm_90a, T read, K = V = 128), spills a thread / shared
+# memory: (32, 4, 1) 512 B / 64 KB, (32, 4, 2) 480 B / 80 KB, (64, 4, 1) 1,240 B, (64, 8, 1) —
+# the default before session 3 — 1,868 B / 80 KB, (128, 8, 1) 1,016 B / 112 KB.
+FUSED_LAUNCHES = [(32, 4, 1), (32, 4, 2), (64, 4, 1), (64, 8, 1), (128, 8, 1)]
+
+
+def sweep_fused(shapes):
+    """The fused kernel's open choices at each shape: value columns and warps per program
+    (FUSED_LAUNCHES) and, at B = 1, segments per sequence (0 = the cost model's pick; 1, 4, 8
+    at the first shape, 4 at the others), with the
+    inverse read from its chunk-parallel launch (the default); at the first shape also the
+    inverse made on the chunk loop. Each variant is checked against materialized first
+    (relative difference of o and of the final state), and the inverse launch is timed alone."""
     import triton
-    from gdn_fused.kernels.fused_fwd import fused_fwd
-    q, k, v, g, beta, h0 = make_inputs(B, T)
-    for chunk, segments in [(64, 0), (64, 1), (64, 2), (64, 4), (64, 8), (32, 0), (32, 4)]:
-        fn = lambda: fused_fwd(q, k, v, g, beta, DIM ** -0.5, h0, True, None,  # noqa: E731
-                               chunk_size=chunk, num_segments=segments)
-        try:
-            ms = triton.testing.do_bench(fn, return_mode="median")
-        except Exception as e:
-            print(f"fused chunk={chunk} segments={segments} failed: {e!r}", flush=True)
-            continue
-        print(dict(variant="fused", B=B, T=T, chunk_size=chunk, num_segments=segments or "auto",
-                   ms=ms), flush=True)
+    from gdn_fused import chunk_gated_delta_rule
+    from gdn_fused.kernels import kkt_solve as kkt_solve_module
+    from gdn_fused.kernels.fused_fwd import fused_fwd, precomputed_inverse
+    default_route = kkt_solve_module.A_THROUGH_HBM
+
+    def rel(a, b):
+        return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+    for i, (B, T) in enumerate(shapes):
+        q, k, v, g, beta, h0 = make_inputs(B, T)
+        o_m, ht_m = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0,
+                                           output_final_state=True, backend="materialized")
+        for through_hbm in (True, False):  # chunk_inverse's two routes (kernels/kkt_solve.py)
+            kkt_solve_module.A_THROUGH_HBM = through_hbm
+            inv_ms = triton.testing.do_bench(lambda: precomputed_inverse(k, g, beta, HV, CHUNK),
+                                             return_mode="median")
+            print(dict(variant="fused inverse launch", A_through_hbm=through_hbm, B=B, T=T,
+                       ms=inv_ms), flush=True)
+        kkt_solve_module.A_THROUGH_HBM = default_route
+        segments = ((0, 1, 4, 8) if i == 0 else (0, 4)) if B == 1 else (0,)
+        variants = [dict(block_v=bv, num_warps=w, num_stages=st, num_segments=ns)
+                    for bv, w, st in FUSED_LAUNCHES for ns in segments]
+        if i == 0:
+            variants.append(dict(precompute_inverse=False))
+        for kw in variants:
+            fn = lambda: fused_fwd(q, k, v, g, beta, DIM ** -0.5, h0, True, None,  # noqa: E731
+                                   CHUNK, **kw)
+            try:
+                o, ht = fn()
+                diff = dict(diff_o=rel(o, o_m), diff_state=rel(ht, ht_m))
+                ms = triton.testing.do_bench(fn, return_mode="median")
+            except Exception as e:
+                print(f"fused {kw} at B={B}, T={T} failed: {e!r}", flush=True)
+                continue
+            print(dict(variant="fused", B=B, T=T, **kw, ms=ms, **diff), flush=True)
+        torch.cuda.empty_cache()
 
 
 def sweep_kkt_solve(bandwidth, B=8, T=4096):
@@ -328,14 +372,13 @@ def sweep_kkt_solve(bandwidth, B=8, T=4096):
     floor_us = A.numel() * 6 / bandwidth * 1e6
     ref = kkt_solve(A, torch.float32)
     rows = []
-    variants = [dict(diag="substitution", num_warps=w, dot_precision=p)
-                for w in (1, 2) for p in ("ieee", "tf32x3")]
-    variants += [dict(diag="doubling", num_warps=2, dot_precision="tf32x3")]
-    # register caps (kernels/kkt_solve.py REGISTER_FOOTPRINT): more tiles per SM, some spills
-    variants += [dict(num_warps=w, maxnreg=r) for w, r in ((1, 168), (1, 128), (2, 128))]
-    # coupling blocks loaded before the diagonal inversion: one exposed latency per tile
-    variants += [dict(prefetch=True, num_warps=w) for w in (1, 2)]
-    variants += [dict(solve_method="newton_schulz", num_warps=w) for w in (1, 4, 8)]
+    # Measured 2026-11-29 and settled (kernels/kkt_solve.py): substitution beats doubling, 1
+    # warp beats 2-8, 3×TF32 beats exact fp32 products, prefetching the coupling blocks does
+    # not pay. Open: the register cap around the measured 168 (255 = uncapped).
+    variants = [dict(num_warps=1, maxnreg=r) for r in (152, 168, 184, 200, 255)]
+    # mxr: the diagonal blocks by three squarings (six products) instead of 14 substitution
+    # steps of row reductions — fewer instructions if the products' layout changes are cheap
+    variants += [dict(solve_method="mxr", num_warps=1, maxnreg=r) for r in (168, 255)]
     for kw in variants:
         err = (kkt_solve(A, torch.float32, **kw) - ref).abs().max().item()
         us = 1e3 * triton.testing.do_bench(lambda: kkt_solve(A, torch.bfloat16, **kw),
@@ -344,14 +387,14 @@ def sweep_kkt_solve(bandwidth, B=8, T=4096):
         print(rows[-1], flush=True)
     from gdn_fused.kernels.kkt_solve import kkt_solve_from_k
     G = chunk_cumsum(g, CHUNK)
-    for kw in [dict(num_warps=w) for w in (1, 2, 4)] + [dict(num_warps=1, maxnreg=168),
-                                                        dict(num_warps=2, maxnreg=168),
-                                                        dict(num_warps=1, prefetch=True),
-                                                        dict(num_warps=2, prefetch=True)]:
+    ref_k = kkt_solve_from_k(k, G, beta, HV, CHUNK, torch.float32)
+    for kw in [dict(num_warps=1, maxnreg=r) for r in (168, 184, 200, 255)] + \
+            [dict(num_warps=2, maxnreg=r) for r in (168, 255)]:
+        err = (kkt_solve_from_k(k, G, beta, HV, CHUNK, torch.float32, **kw) - ref_k).abs().max()
         us = 1e3 * triton.testing.do_bench(
             lambda: kkt_solve_from_k(k, G, beta, HV, CHUNK, torch.bfloat16, **kw),
             return_mode="median")
-        print(dict(kw, variant="from_k", us=us), flush=True)
+        print(dict(kw, variant="from_k", us=us, diff=err.item()), flush=True)
     return rows
 
 
@@ -412,6 +455,14 @@ def _shapes(text: str) -> list[tuple[int, int]]:
     return shapes
 
 
+SWEEPS = {
+    "fused": lambda shapes, bandwidth: sweep_fused(shapes),
+    "kkt": lambda shapes, bandwidth: sweep_kkt_solve(bandwidth),
+    "bwd": lambda shapes, bandwidth: bench_bwd_stages(),
+    "stages": lambda shapes, bandwidth: bench_stages(),
+}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m eval.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -424,20 +475,29 @@ def main(argv=None):
     p.add_argument("--no-kkt", action="store_true", help="skip the kkt_solve benchmark")
     p.add_argument("--kkt-sweep", action="store_true",
                    help="only sweep kkt_solve launch variants, then exit")
-    p.add_argument("--sweep", action="store_true",
-                   help="only sweep launch variants (kkt_solve, the fused kernel's segments and "
-                        "chunk size) and time each forward and backward kernel, then exit")
+    p.add_argument("--sweep", nargs="?", const=",".join(SWEEPS), default=None,
+                   metavar="PARTS",
+                   help="only sweep launch variants, then exit; PARTS (comma-separated, "
+                        f"default all, run in this order): {', '.join(SWEEPS)} — fused: the "
+                        "fused kernel's launch, segments and inverse placement at --shapes; "
+                        "kkt: kkt_solve register caps; bwd, stages: each backward and forward "
+                        "kernel's time at B=1, T=32768")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         p.error("the benchmark needs a CUDA device")
     shapes = args.shapes
     bandwidth = copy_bandwidth()
-    if args.kkt_sweep or args.sweep:
+    if args.kkt_sweep:
         sweep_kkt_solve(bandwidth)
-        if args.sweep:
-            bench_stages()
-            bench_bwd_stages()
-            sweep_fused()
+        return
+    if args.sweep is not None:
+        parts = [x for x in args.sweep.split(",") if x]
+        unknown = set(parts) - set(SWEEPS)
+        if unknown:
+            p.error(f"--sweep: unknown parts {sorted(unknown)}; choose from {list(SWEEPS)}")
+        for name in SWEEPS:  # fixed order: the most wanted numbers first
+            if name in parts:
+                SWEEPS[name](shapes, bandwidth)
         return
     fla_chunk, solve_tril = load_fla()
     kkt_row = None if args.no_kkt else bench_kkt_solve(bandwidth, solve_tril)

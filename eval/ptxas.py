@@ -123,18 +123,20 @@ def _kkt_solve(build: bool, method: str = "blocked", iters: int = 0):
     return kkt_solve_kernel, sig, consts
 
 
-def _fused_fwd(num_segments: int = 1):
+def _fused_fwd(num_segments: int = 1, load_t: bool = True):
     from gdn_fused.kernels.fused_fwd import SUB, _fused_fwd_kernel, dot_precisions, launch_config
     import torch
     BV, _ = launch_config(128)
     precision, compose = dot_precisions(torch.bfloat16)
-    sig = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "g": "*fp32", "beta": "*bf16", "o": "*bf16",
+    sig = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "g": "*fp32", "beta": "*bf16",
+           "Ai": "*fp32", "o": "*bf16",
            "h0": "*fp32", "ht": "*fp32", "seg_maps": "*fp32", "cu_seqlens": "*i32",
            "scale": "fp32", "T": "i32", "N": "i32"}
     sig.update({s: "i32" for s in ("s_qb", "s_qt", "s_qh", "s_vb", "s_vt", "s_vh", "s_gb",
                                    "s_gt", "s_gh")})
     consts = dict(H=16, HV=32, K=128, V=128, BV=BV, C=64, SUB=SUB, NUM_SEG=num_segments,
-                  USE_H0=True, STORE_HT=True, VARLEN=False, STATE_PRECISION=precision,
+                  USE_H0=True, STORE_HT=True, VARLEN=False, LOAD_T=load_t,
+                  STATE_PRECISION=precision,
                   COMPOSE_PRECISION=compose)
     return _fused_fwd_kernel, sig, consts
 
@@ -190,7 +192,8 @@ def _kernels() -> dict:
         "kkt_solve blocked (from k)": (lambda: _kkt_solve(True), dict(num_warps=NUM_WARPS["blocked"])),
         "kkt_solve newton_schulz:12 (from k)": (lambda: _kkt_solve(True, "newton_schulz", 12),
                                                 dict(num_warps=NUM_WARPS["newton_schulz"])),
-        "fused forward": (lambda: _fused_fwd(1), launch_config(128)[1]),
+        "fused forward (T read)": (lambda: _fused_fwd(1), launch_config(128)[1]),
+        "fused forward (T on chip)": (lambda: _fused_fwd(1, False), launch_config(128)[1]),
         "chunk_state gluon (experimental)": (_gluon_state, dict(num_warps=4, maxnreg=MAXNREG)),
         "chunk_state+output gluon (experimental)": (_gluon_state_output,
                                                     dict(num_warps=4, maxnreg=FUSED_MAXNREG)),

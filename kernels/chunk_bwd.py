@@ -29,7 +29,7 @@ from gdn_fused.kernels.chunk_gate import chunk_cumsum
 from gdn_fused.kernels.chunk_index import chunk_layout
 from gdn_fused.kernels.chunk_state import chunk_state
 from gdn_fused.kernels.kkt import dot_precision
-from gdn_fused.kernels.kkt_solve import kkt_solve_from_k
+from gdn_fused.kernels.kkt_solve import chunk_inverse
 from gdn_fused.kernels.materialized import contiguous
 from gdn_fused.kernels.wu import recompute_w_u
 from gdn_fused.kernels.wu_bwd import wu_bwd
@@ -59,7 +59,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, initial_state, do, dht, 
     # recompute the forward's intermediates (T kept in fp32: dA = −Tᵀ dT Tᵀ is formed from it;
     # always the stable blocked inverse, whatever solve_method the forward ran)
     G = chunk_cumsum(g, chunk_size, **idx)
-    Ai = kkt_solve_from_k(k, G, beta, HV, chunk_size, torch.float32, **idx)
+    Ai = chunk_inverse(k, G, beta, HV, chunk_size, torch.float32, **idx)
     w, u = recompute_w_u(k, v, G, beta, Ai, dot_precision=prec, **idx)
     h, v_new, _ = chunk_state(k, w, u, G, initial_state, False, chunk_size, N,
                               cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets,

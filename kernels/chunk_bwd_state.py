@@ -77,8 +77,11 @@ def chunk_bwd_state_kernel(q, k, w, g, do, dv_local, dh, dv2, dht, dh0, cu_seqle
 
 
 def chunk_bwd_state(q, k, w, g, do, dv_local, scale, dht, initial_state, chunk_size, num_seqs,
-                    cu_seqlens=None, chunk_offsets=None, num_chunks=None, dot_precision="ieee"):
-    """Reverse recurrence over chunks, one program per (value block, sequence, value head).
+                    cu_seqlens=None, chunk_offsets=None, num_chunks=None, dot_precision="ieee",
+                    block_v=None):
+    """Reverse recurrence over chunks, one program per (value block, sequence, value head);
+    value columns per program from :func:`~gdn_fused.kernels.chunk_state.state_blocks`, or
+    ``block_v`` (launch sweeps).
 
     Args:
         q, k: ``[B, T, H, K]``; w: ``[B, T, HV, K]`` (W of the forward, recomputed);
@@ -98,6 +101,7 @@ def chunk_bwd_state(q, k, w, g, do, dv_local, scale, dht, initial_state, chunk_s
     dv2 = torch.zeros_like(do) if cu_seqlens is not None else torch.empty_like(do)
     dh0 = torch.empty_like(initial_state) if initial_state is not None else None
     BK, BV = state_blocks(K, V, num_seqs * HV, k.device)  # [BK, BV] fp32 dh in registers
+    BV = block_v or BV
     grid = (triton.cdiv(V, BV), num_seqs * HV)
     chunk_bwd_state_kernel[grid](q, k, w, g, do, dv_local, dh, dv2, dht, dh0, cu_seqlens,
                                  chunk_offsets, scale, T, H=H, HV=HV, K=K, V=V, BT=chunk_size,

@@ -57,14 +57,14 @@ def chunk_state_kernel(k, w, u, G, h, v_new, h0, ht, cu_seqlens, chunk_offsets, 
 def state_blocks(K, V, num_seq_heads, device):
     """(BK, BV) for a sequential-over-chunks kernel with one [BK, BV] fp32 state per program.
 
-    BV is at most 64 (32 past K = 128) to keep the state in registers, and is halved (down to
-    16) while the programs, num_seq_heads · cdiv(V, BV), would leave SMs idle: at B = 1 with
-    32 value heads, BV = 64 gives 64 programs for 132 SMs, and this kernel is the longest
-    stage of the materialized forward (843 µs of 2.06 ms at T = 32768, H200). Expected: about
-    twice as fast there at BV = 32 (not yet measured)."""
+    BV is at most 64 (32 past K = 128) to keep the state in registers, and is halved to 32
+    when the programs, num_seq_heads · cdiv(V, BV), would leave SMs idle. Measured on the H200
+    at B = 1, T = 32768, HV = 32, K = V = 128 (eval.bench --sweep, 2026-11-29): BV = 64 (64
+    programs) 877 µs, 32 (128 programs) 659 µs, 16 (256 programs) 796 µs — halving again adds
+    programs but each pays an N = 16 product and re-reads w and k."""
     BK = max(16, triton.next_power_of_2(K))
     BV = min(64 if BK <= 128 else 32, max(16, triton.next_power_of_2(V)))
-    while BV > 16 and num_seq_heads * triton.cdiv(V, BV) < sm_count(device):
+    while BV > 32 and num_seq_heads * triton.cdiv(V, BV) < sm_count(device):
         BV //= 2
     return BK, BV
 

@@ -13,7 +13,9 @@ arXiv:2412.06464, §3.3)::
     O  = scale (D_exp(G) Q S + lowerIncl(Γ ⊙ Q Kᵀ) V')
     S ← exp(G_C) S + Kᵀ (D_exp(G_C − G) V')
 
-Only o and the final state are written to HBM. Long sequences with few heads can be cut into
+Only o and the final state are written to HBM, except that by default (PRECOMPUTE_INVERSE)
+each chunk's T is first computed by a chunk-parallel launch and read here, which takes the
+inverse off the sequential chunk loop for a B·T·HV·C fp32 scratch tensor. Long sequences with few heads can be cut into
 segments run side by side (:mod:`gdn_fused.kernels.fused_split`): one extra launch summarises
 each segment's affine state map, and each program here first composes its exact entering state.
 
@@ -43,8 +45,16 @@ from gdn_fused.validation import CHUNK_SIZES, triton_interpreted
 
 HEAD_DIMS = (64, 128)      # K and V the kernel is built and tested for
 SUB = 16                   # diagonal block of the blocked inverse: tl.dot's smallest tile
-BLOCK_V = 64               # value columns per program: a 128×64 fp32 state slice per program
-NUM_WARPS = 8              # two warpgroups: fewest spills on sm_90 for K, V in {64, 128}
+# value columns and warps per program: ptxas (sm_90a, K = V = 128, bf16) spills 512 B a thread
+# at (32, 4) with T read (1,216 B with the on-chip inverse) against 1,868 B (2,020) at the
+# earlier (64, 8); eval.bench --sweep fused times the alternatives
+BLOCK_V = 32
+NUM_WARPS = 4
+# Invert each chunk in a chunk-parallel launch before the fused one and read T there (the
+# structure of FlashQLA's forward, ../shared/anchors.md), rather than on the chunk loop, where
+# the inverse's dependency chain measured ~20 µs a chunk step on the H200 (fused 5.78 ms at
+# B=8, T=4096 against materialized 1.67). The bench times both (eval.bench --sweep).
+PRECOMPUTE_INVERSE = True
 IEEE = tl.constexpr("ieee")  # exact for fp32 operands; 16-bit operands use tensor cores anyway
 
 
@@ -130,6 +140,24 @@ def _chunk_gate_inverse(k, g, beta, n_valid, SUB: tl.constexpr):
     strict = (rows[:, None] > rows[None, :]) & (rows < n_valid)[:, None]
     A = beta[:, None] * gated_decay(G, G, strict) * tl.dot(k, tl.trans(k), input_precision=IEEE)
     return G, _unit_lower_inverse(A, SUB)
+
+
+@triton.jit
+def _chunk_gate_inverse_or_load(k, g, beta, Ai, t0, n_valid, s_at, SUB: tl.constexpr,
+                                LOAD_T: tl.constexpr):
+    """(G [C] fp64, T [C, C] fp32) of one chunk: both on chip (:func:`_chunk_gate_inverse`), or
+    with LOAD_T T read from ``Ai`` — chunk_inverse's output, advanced to this program's batch
+    row and value head, row stride ``s_at`` — and only G formed here. Reading T takes the
+    inverse's 15-step substitution off the chunk loop's dependency chain, where it serialises
+    every chunk; the inverse then runs chunk-parallel in its own launch."""
+    C: tl.constexpr = k.shape[0]
+    if LOAD_T:
+        rows = tl.arange(0, C)
+        # kkt_solve writes rows past the sequence end not at all and zeros above the diagonal
+        keep = (rows < n_valid)[:, None] & (rows[:, None] >= rows[None, :])
+        T_inv = tl.load(Ai + (t0 + rows)[:, None] * s_at + rows[None, :], mask=keep, other=0.0)
+        return tl.cumsum(g.to(tl.float64), axis=0), T_inv.to(tl.float32)
+    return _chunk_gate_inverse(k, g, beta, n_valid, SUB)
 
 
 @triton.jit
@@ -224,17 +252,18 @@ def _load_chunk_rows(k, g, beta, t0, n_valid, s_kt, s_gt, K: tl.constexpr, C: tl
 # ----------------------------------------------------------------------------------------------
 
 @triton.jit
-def _fused_fwd_kernel(q, k, v, g, beta, o, h0, ht, seg_maps, cu_seqlens, scale, T, N,
+def _fused_fwd_kernel(q, k, v, g, beta, Ai, o, h0, ht, seg_maps, cu_seqlens, scale, T, N,
                       s_qb, s_qt, s_qh, s_vb, s_vt, s_vh, s_gb, s_gt, s_gh,
                       H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BV: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr,
                       NUM_SEG: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
-                      VARLEN: tl.constexpr, STATE_PRECISION: tl.constexpr,
-                      COMPOSE_PRECISION: tl.constexpr):
+                      VARLEN: tl.constexpr, LOAD_T: tl.constexpr,
+                      STATE_PRECISION: tl.constexpr, COMPOSE_PRECISION: tl.constexpr):
     """Grid (N·HV·V/BV, NUM_SEG): program (sequence, value head, V-block) × segment.
 
     q and k share the (batch, token, head) strides s_q*, v has s_v*, g and beta s_g*; the last
-    dim of q, k, v is contiguous; o [B, T, HV, V] is contiguous."""
+    dim of q, k, v is contiguous; o [B, T, HV, V] is contiguous. With LOAD_T, Ai [B, T, HV, C]
+    (contiguous, not varlen) holds each chunk's inverse T."""
     i_v, i_n, i_hv, i_h = _program_coords(V // BV, HV, H)
     seg = tl.program_id(1)
     i_b, bos, eos = _seq_bounds(cu_seqlens, i_n, T, VARLEN)
@@ -243,6 +272,8 @@ def _fused_fwd_kernel(q, k, v, g, beta, o, h0, ht, seg_maps, cu_seqlens, scale, 
     k, v, g, beta = _head_pointers(k, v, g, beta, i_b, i_h, i_hv, s_qb, s_qh, s_vb, s_vh, s_gb,
                                    s_gh)
     o += (i_b * T * HV + i_hv) * V
+    if LOAD_T:
+        Ai += (i_b * T * HV + i_hv) * C
 
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -270,7 +301,8 @@ def _fused_fwd_kernel(q, k, v, g, beta, o, h0, ht, seg_maps, cu_seqlens, scale, 
         b_q = tl.load(q + tok[:, None] * s_qt + o_k[None, :], mask=valid[:, None], other=0.0)
         b_v = tl.load(v + tok[:, None] * s_vt + o_v[None, :], mask=valid[:, None], other=0.0)
 
-        G, T_inv = _chunk_gate_inverse(b_k, b_g, b_beta, n_valid, SUB)
+        G, T_inv = _chunk_gate_inverse_or_load(b_k, b_g, b_beta, Ai, t0, n_valid, HV * C, SUB,
+                                               LOAD_T)
         v_new = _delta_values(T_inv, b_k, b_v, G, b_beta, S, STATE_PRECISION)
 
         qk = tl.dot(b_q, tl.trans(b_k), input_precision=IEEE)
@@ -334,13 +366,17 @@ def dot_precisions(dtype: torch.dtype) -> tuple[str, str]:
     return "tf32", "tf32x3"
 
 
-def launch_config(V: int) -> tuple[int, dict]:
+def launch_config(V: int, block_v: int = 0, num_warps: int = 0,
+                  num_stages: int = 0) -> tuple[int, dict]:
     """(BV, launch options) of both fused launches, fixed by the shape (no autotuning, so CUDA
-    graph capture sees one plan): BV = 64 value columns per program and 8 warps, the setting
-    with the fewest register spills on sm_90 for every supported K, V (docs/fused_design.md);
+    graph capture sees one plan): BLOCK_V value columns per program and NUM_WARPS warps, the
+    setting with the fewest register spills on sm_90 for K = V = 128;
     one stage, because the chunk loop's loads feed register math before any product and a
-    deeper software pipeline prefetches nothing (same shared memory at 2 stages on sm_90)."""
-    return min(BLOCK_V, V), dict(num_warps=NUM_WARPS, num_stages=1)
+    deeper software pipeline prefetches nothing (same shared memory at 2 stages on sm_90).
+    block_v, num_warps, num_stages: nonzero values override the defaults (launch sweeps,
+    eval.bench; with T read from HBM, 2 stages let Triton prefetch the next chunk's tiles)."""
+    return min(block_v or BLOCK_V, V), dict(num_warps=num_warps or NUM_WARPS,
+                                            num_stages=num_stages or 1)
 
 
 def _strides(x: torch.Tensor) -> tuple[int, int, int]:
@@ -365,7 +401,9 @@ def _kernel_layout(q, k, v, g, beta):
 def _fused_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                   beta: torch.Tensor, scale: float, initial_state: Optional[torch.Tensor],
                   output_final_state: bool, cu_seqlens: Optional[torch.Tensor],
-                  chunk_size: int, num_segments: int) -> tuple[torch.Tensor, torch.Tensor]:
+                  chunk_size: int, num_segments: int, precompute_inverse: bool,
+                  block_v: int, num_warps: int,
+                  num_stages: int) -> tuple[torch.Tensor, torch.Tensor]:
     from gdn_fused.kernels import fused_split  # builds on this module's chunk helpers
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -376,29 +414,44 @@ def _fused_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
     o = torch.empty(B, T, HV, V, dtype=q.dtype, device=q.device)
     ht = torch.empty((N, HV, K, V) if output_final_state else (0,), dtype=torch.float32,
                      device=q.device)
-    BV, options = launch_config(V)
+    BV, options = launch_config(V, block_v, num_warps, num_stages)
     precision, compose_precision = dot_precisions(q.dtype)
     if num_segments <= 0:
         num_segments = fused_split.choose_num_segments(N, HV, K, V, BV, B * T / max(N, 1),
                                                        chunk_size, sm_count(q.device))
+    Ai = precomputed_inverse(k, g, beta, HV, chunk_size) \
+        if precompute_inverse and cu_seqlens is None else None
     seg_maps = None
     if num_segments > 1:
-        seg_maps = fused_split.segment_maps(k, v, g, beta, cu_seqlens, N, num_segments,
+        seg_maps = fused_split.segment_maps(k, v, g, beta, Ai, cu_seqlens, N, num_segments,
                                             chunk_size, BV, precision, options)
     grid = (N * HV * (V // BV), num_segments)
     _fused_fwd_kernel[grid](
-        q, k, v, g, beta, o, initial_state, ht, seg_maps, cu_seqlens, scale, T, N,
+        q, k, v, g, beta, Ai, o, initial_state, ht, seg_maps, cu_seqlens, scale, T, N,
         *_strides(q), *_strides(v), *_strides(g),
         H=H, HV=HV, K=K, V=V, BV=BV, C=chunk_size, SUB=SUB, NUM_SEG=num_segments,
         USE_H0=initial_state is not None, STORE_HT=output_final_state,
-        VARLEN=cu_seqlens is not None, STATE_PRECISION=precision,
+        VARLEN=cu_seqlens is not None, LOAD_T=Ai is not None, STATE_PRECISION=precision,
         COMPOSE_PRECISION=compose_precision, **options)
     return o, ht
 
 
+def precomputed_inverse(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, HV: int,
+                        chunk_size: int) -> torch.Tensor:
+    """Each chunk's T = (I + A)⁻¹ [B, T, HV, C] fp32 by the materialized path's chunk-parallel
+    chunk_inverse (blocked method, same result as the on-chip inverse to ~2e-8), for the
+    fused kernel to read instead of recomputing it on its sequential chunk loop. Equal-length
+    batches only: a packed batch would need chunk indices built from cu_seqlens on the host,
+    which CUDA-graph capture forbids, so packed input keeps the on-chip inverse."""
+    from gdn_fused.kernels.chunk_gate import chunk_cumsum
+    from gdn_fused.kernels.kkt_solve import chunk_inverse
+    G = chunk_cumsum(g.contiguous(), chunk_size)
+    return chunk_inverse(k.contiguous(), G, beta.contiguous(), HV, chunk_size, torch.float32)
+
+
 @_fused_fwd_op.register_fake
 def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_size,
-      num_segments):
+      num_segments, precompute_inverse, block_v, num_warps, num_stages):
     B, T, _, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
@@ -410,7 +463,9 @@ def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, ch
 def fused_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
               beta: torch.Tensor, scale: float, initial_state: Optional[torch.Tensor],
               output_final_state: bool, cu_seqlens: Optional[torch.Tensor],
-              chunk_size: int = 64, num_segments: Optional[int] = None):
+              chunk_size: int = 64, num_segments: Optional[int] = None,
+              precompute_inverse: Optional[bool] = None, block_v: Optional[int] = None,
+              num_warps: Optional[int] = None, num_stages: Optional[int] = None):
     """Chunkwise Gated DeltaNet forward in one fused Triton launch (design card §Chunkwise form).
 
     Inputs are taken as validated by :func:`gdn_fused.validation.check_inputs` (q and k already
@@ -430,6 +485,13 @@ def fused_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
         chunk_size: 16, 32 or 64.
         num_segments: segments per sequence run side by side (exact state composition,
             :mod:`gdn_fused.kernels.fused_split`); None or 0 picks it from the shape.
+        precompute_inverse: compute every chunk's inverse T first, chunk-parallel, in a second
+            launch (:func:`precomputed_inverse`, B·T·HV·C fp32 of scratch) and read it in the
+            chunk loop, instead of inverting on the loop; None: :data:`PRECOMPUTE_INVERSE`.
+            Packed input (cu_seqlens) always inverts on chip.
+        block_v, num_warps, num_stages: value columns per program (≤ V, a power of two ≥ 16),
+            warps and software-pipeline stages, overriding :func:`launch_config` (launch
+            sweeps); None keeps the default.
 
     Returns:
         ``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] fp32 or None)``.
@@ -440,5 +502,8 @@ def fused_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     """
     o, ht = _fused_fwd_op(q, k, v, g, beta, float(scale), initial_state,
                           bool(output_final_state), cu_seqlens, int(chunk_size),
-                          int(num_segments or 0))
+                          int(num_segments or 0),
+                          PRECOMPUTE_INVERSE if precompute_inverse is None
+                          else bool(precompute_inverse), int(block_v or 0),
+                          int(num_warps or 0), int(num_stages or 0))
     return o, (ht if output_final_state else None)

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_fused.kernels.fused_fwd import (SUB, _chunk_gate_inverse, _delta_values,
+from gdn_fused.kernels.fused_fwd import (SUB, _chunk_gate_inverse_or_load, _delta_values,
                                          _head_pointers, _load_chunk_rows, _program_coords,
                                          _segment_chunks, _seq_bounds, _state_step, _strides)
 
@@ -38,25 +38,28 @@ MAX_SEGMENTS = 8
 # a K×K by K×BV fp32 product, about one chunk step.
 MAP_STEP_COST = 0.65
 COMPOSE_COST = 1.0
-PROGRAMS_PER_SM = 1  # resident fused programs per SM: registers of one 256-thread program
+PROGRAMS_PER_SM = 2  # resident fused programs per SM: a 128-thread program at 255 registers
+                     # holds half the register file
 
 
 @triton.jit
-def _segment_map_kernel(k, v, g, beta, seg_maps, cu_seqlens, T,
+def _segment_map_kernel(k, v, g, beta, Ai, seg_maps, cu_seqlens, T,
                         s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_gb, s_gt, s_gh,
                         H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                         BV: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr,
-                        NUM_SEG: tl.constexpr, VARLEN: tl.constexpr,
+                        NUM_SEG: tl.constexpr, VARLEN: tl.constexpr, LOAD_T: tl.constexpr,
                         STATE_PRECISION: tl.constexpr):
     """Grid (N·HV·(K+V)/BV, NUM_SEG − 1): program (sequence, value head, column block of
     [M | b]) × segment; writes seg_maps[n, hv, seg, :, columns] fp32. Strides as in the fused
-    kernel (g and beta share theirs)."""
+    kernel (g and beta share theirs); Ai as there (LOAD_T)."""
     i_c, i_n, i_hv, i_h = _program_coords((K + V) // BV, HV, H)
     seg = tl.program_id(1)
     i_b, bos, eos = _seq_bounds(cu_seqlens, i_n, T, VARLEN)
     c_lo, c_hi = _segment_chunks(bos, eos, seg, C, NUM_SEG)
     k, v, g, beta = _head_pointers(k, v, g, beta, i_b, i_h, i_hv, s_kb, s_kh, s_vb, s_vh, s_gb,
                                    s_gh)
+    if LOAD_T:
+        Ai += (i_b * T * HV + i_hv) * C
 
     o_k = tl.arange(0, K)
     col = i_c * BV + tl.arange(0, BV)  # column of [M | b]
@@ -72,7 +75,8 @@ def _segment_map_kernel(k, v, g, beta, seg_maps, cu_seqlens, T,
         # only b columns read values; M columns see U = 0 (their loads are masked off)
         b_v = tl.load(v + tok[:, None] * s_vt + (col - K)[None, :],
                       mask=(rows < n_valid)[:, None] & is_b[None, :], other=0.0)
-        G, T_inv = _chunk_gate_inverse(b_k, b_g, b_beta, n_valid, SUB)
+        G, T_inv = _chunk_gate_inverse_or_load(b_k, b_g, b_beta, Ai, t0, n_valid, HV * C, SUB,
+                                               LOAD_T)
         v_new = _delta_values(T_inv, b_k, b_v, G, b_beta, S, STATE_PRECISION)
         S = _state_step(S, b_k, G, v_new, STATE_PRECISION)
     head = (i_n * HV + i_hv).to(tl.int64)
@@ -81,12 +85,14 @@ def _segment_map_kernel(k, v, g, beta, seg_maps, cu_seqlens, T,
 
 
 def segment_maps(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                 cu_seqlens: Optional[torch.Tensor], N: int, num_segments: int,
-                 chunk_size: int, BV: int, state_precision: str, options: dict) -> torch.Tensor:
+                 Ai: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor], N: int,
+                 num_segments: int, chunk_size: int, BV: int, state_precision: str,
+                 options: dict) -> torch.Tensor:
     """Affine state maps [M | b] of segments 0 … NS−2 of every (sequence, value head).
 
     k [B, T, H, K], v [B, T, HV, V] (same dtype, last dim contiguous), g, beta [B, T, HV] any
-    float dtype with one layout, cu_seqlens [N+1] or None. Segment s covers chunks
+    float dtype with one layout, Ai [B, T, HV, C] fp32 (each chunk's inverse, read instead of
+    recomputed) or None, cu_seqlens [N+1] or None. Segment s covers chunks
     [s·P, (s+1)·P) of its sequence, P = ceil(chunks / NS). BV, state_precision and the launch
     options are the fused launch's (:func:`gdn_fused.kernels.fused_fwd.launch_config`,
     :func:`~gdn_fused.kernels.fused_fwd.dot_precisions`), so both round alike.
@@ -98,9 +104,10 @@ def segment_maps(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.
     maps = torch.empty(N, HV, num_segments - 1, K, K + V, dtype=torch.float32, device=k.device)
     grid = (N * HV * ((K + V) // BV), num_segments - 1)
     _segment_map_kernel[grid](
-        k, v, g, beta, maps, cu_seqlens, T, *_strides(k), *_strides(v), *_strides(g),
+        k, v, g, beta, Ai, maps, cu_seqlens, T, *_strides(k), *_strides(v), *_strides(g),
         H=H, HV=HV, K=K, V=V, BV=BV, C=chunk_size, SUB=SUB, NUM_SEG=num_segments,
-        VARLEN=cu_seqlens is not None, STATE_PRECISION=state_precision, **options)
+        VARLEN=cu_seqlens is not None, LOAD_T=Ai is not None, STATE_PRECISION=state_precision,
+        **options)
     return maps
 
 

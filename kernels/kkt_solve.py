@@ -288,7 +288,18 @@ NUM_WARPS = {"blocked": 1, "mxr": 1, "newton_schulz": 4}
 # the price of spills to L1: the sweep (eval.bench --kkt-sweep) times it.
 
 
-def _register_cap(maxnreg):
+# Register cap of the blocked method read from A at one warp, measured on the H200 (eval.bench
+# --sweep, B=8, T=4096, 2026-11-29, fla solve_tril 674 µs in the same run): uncapped (255)
+# 244 µs, 168: 222 µs, 128: 299 µs (spills). 168 fits 12 tiles an SM instead of 8 at ~no spill
+# cost. Built from k the cap is not yet measured (that variant spills 1.1 KB uncapped).
+MAXNREG_FROM_A = 168
+
+
+def _register_cap(maxnreg, solve_method="blocked", num_warps=None, from_a=False):
+    """Launch option for ptxas' register cap: ``maxnreg`` if given (255 = uncapped), else the
+    measured default of the blocked method from A at its default warp count."""
+    if maxnreg is None and from_a and solve_method == "blocked" and num_warps is None:
+        maxnreg = MAXNREG_FROM_A
     return {} if maxnreg is None else {"maxnreg": maxnreg}
 
 
@@ -314,7 +325,7 @@ def kkt_solve(A, output_dtype=torch.float32, cu_seqlens=None, chunk_indices=None
 
     solve_method: "blocked" (default), "mxr" or "newton_schulz" (``solve_iters`` steps, default
     2·log2(C) + 2). num_warps: default NUM_WARPS[solve_method]; maxnreg: a register cap per
-    thread for ptxas and prefetch: load the coupling blocks before the diagonal inversion
+    thread for ptxas (default MAXNREG_FROM_A for blocked at its default warps) and prefetch: load the coupling blocks before the diagonal inversion
     (launch sweeps only, see REGISTER_FOOTPRINT). Raises ValueError for another chunk size or
     method."""
     B, T, HV, C = A.shape
@@ -328,7 +339,7 @@ def kkt_solve(A, output_dtype=torch.float32, cu_seqlens=None, chunk_indices=None
                                    BUILD=False, METHOD=solve_method, NS_ITERS=iters,
                                    DOT_PREC=dot_precision, DIAG=diag, PREFETCH=prefetch,
                                    num_warps=num_warps or NUM_WARPS[solve_method],
-                                   **_register_cap(maxnreg))
+                                   **_register_cap(maxnreg, solve_method, num_warps, True))
     return Ai
 
 
@@ -354,3 +365,32 @@ def kkt_solve_from_k(k, G, beta, num_value_heads, chunk_size, output_dtype=torch
                                    num_warps=num_warps or NUM_WARPS[solve_method],
                                    **_register_cap(maxnreg))
     return Ai
+
+
+# How the forward and backward get every chunk's T (chunk_inverse): A formed by chunk_kkt and
+# inverted from HBM by kkt_solve, or A's blocks formed inside the one-warp kkt_solve_from_k (A
+# never written). One warp cannot hold a chunk's keys (64×128 bf16 would be 128 registers a
+# thread), so from k it reloads a 16×128 key tile pair for each of the 10 blocks and spills
+# 1.1 KB; chunk_kkt forms K Kᵀ with one 4-warp product, and the A round trip costs 8 B × C per
+# token and value head (~130 µs at B=8, T=4096, HV=32 on 4.2 TB/s). H200, that shape: from k
+# 475 µs; from A 222 µs + chunk_kkt (predicted ~100 µs; eval.bench times both).
+A_THROUGH_HBM = True
+
+
+def chunk_inverse(k, G, beta, num_value_heads, chunk_size, output_dtype=torch.float32,
+                  cu_seqlens=None, chunk_indices=None, num_chunks=None,
+                  solve_method="blocked", solve_iters=None):
+    """T = (I + strictLower(diag(β)(Γ ⊙ K Kᵀ)))⁻¹ [B, T, HV, C] of every chunk from k [B,T,H,K],
+    G [B,T,HV] (chunk-cumulated, fp64) and beta [B,T,HV] — the entry point of the materialized
+    forward, the fused kernel's precomputed inverse and the backward's recompute. Goes through
+    chunk_kkt + kkt_solve or kkt_solve_from_k as A_THROUGH_HBM says (same T up to rounding:
+    tests/test_kkt_solve.py); arguments as :func:`kkt_solve_from_k`."""
+    if A_THROUGH_HBM:
+        from gdn_fused.kernels.kkt import chunk_kkt
+        A = chunk_kkt(k, G, beta, num_value_heads, chunk_size, cu_seqlens, chunk_indices,
+                      num_chunks)
+        return kkt_solve(A, output_dtype, cu_seqlens, chunk_indices, num_chunks,
+                         solve_method=solve_method, solve_iters=solve_iters)
+    return kkt_solve_from_k(k, G, beta, num_value_heads, chunk_size, output_dtype, cu_seqlens,
+                            chunk_indices, num_chunks, solve_method=solve_method,
+                            solve_iters=solve_iters)

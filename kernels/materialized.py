@@ -1,6 +1,6 @@
 """The materialized forward: six kernels, intermediates in HBM (the GPU reference and fallback).
 
-    G = chunk_cumsum(g) → T = kkt_solve_from_k(k, G, β) (A = chunk_kkt(k, G, β) formed on chip)
+    G = chunk_cumsum(g) → T = chunk_inverse(k, G, β) (chunk_kkt + kkt_solve, or kkt_solve_from_k)
       → W, U = recompute_w_u(T)
       → h, V' = chunk_state(W, U) → o = chunk_output(q, k, V', h)
 """
@@ -11,7 +11,7 @@ from gdn_fused.kernels.chunk_index import chunk_layout
 from gdn_fused.kernels.chunk_output import chunk_output
 from gdn_fused.kernels.chunk_state import chunk_state
 from gdn_fused.kernels.kkt import dot_precision
-from gdn_fused.kernels.kkt_solve import kkt_solve_from_k
+from gdn_fused.kernels.kkt_solve import chunk_inverse
 from gdn_fused.kernels.wu import recompute_w_u
 
 
@@ -34,11 +34,9 @@ def materialized_fwd(q, k, v, g, beta, scale, initial_state, output_final_state,
     prec = dot_precision(q.dtype)
     N, chunk_offsets, idx = chunk_layout(cu_seqlens, q.shape[0], chunk_size)
     G = chunk_cumsum(g, chunk_size, **idx)
-    # the fused kkt variant: A is formed on chip and never written to HBM
-    Ai = kkt_solve_from_k(k, G, beta, HV, chunk_size,
-                          inverse_dtype or (torch.float32 if q.dtype == torch.float32 else q.dtype),
-                          solve_method=solve_method,
-                          solve_iters=solve_iters, **idx)
+    Ai = chunk_inverse(k, G, beta, HV, chunk_size,
+                       inverse_dtype or (torch.float32 if q.dtype == torch.float32 else q.dtype),
+                       solve_method=solve_method, solve_iters=solve_iters, **idx)
     w, u = recompute_w_u(k, v, G, beta, Ai, dot_precision=prec, **idx)
     h, v_new, ht = chunk_state(k, w, u, G, initial_state, output_final_state, chunk_size, N,
                                cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets,

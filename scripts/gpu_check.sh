@@ -2,9 +2,11 @@
 # One call on the GPU machine: GPU tests, the benchmark and the launch sweeps (../shared/device.md).
 #   bash scripts/gpu_check.sh [pytest -k expression]
 #   STEPS="gluon tests" bash scripts/gpu_check.sh; STEPS="bench sweep" bash scripts/gpu_check.sh
+#   TESTS=tests/test_fused.py SWEEP=fused,kkt STEPS="tests bench sweep" bash scripts/gpu_check.sh
 # STEPS picks among gluon (the experimental Gluon kernels' GPU tests), tests (every other gpu
 # test), bench (eval.bench at the anchor shapes) and sweep (eval.bench --sweep); default all
-# four, which need more than one 600 s call when every gpu test runs: split them as above, and
+# four, which need more than one 600 s call when every gpu test runs: split them as above
+# (TESTS narrows the gpu tests to some files, SWEEP picks eval.bench --sweep parts), and
 # give the second call GDN_BENCH_SKIP_GLUON=1 (or _GLUON_OUTPUT, _GLUON_WU, _GLUON_FORWARD) for
 # each Gluon kernel whose test failed or hung in the first (the sweep would hang on it too).
 # Needs fla 0.6.0 wheels in .whl/ (carried) for the baseline columns; writes logs under $OUT.
@@ -25,8 +27,9 @@ left() {  # seconds left of the budget, less $1 held back for later steps; at le
 STEPS=" ${STEPS:-gluon tests bench sweep} "
 want() { [[ "$STEPS" == *" $1 "* ]]; }
 # seconds held back for the later steps that will run
-HOLD_SWEEP=$(want sweep && echo 100 || echo 0)
-HOLD_BENCH=$(( $(want bench && echo 180 || echo 0) + HOLD_SWEEP ))
+# (SWEEP_S, BENCH_S: seconds to hold for each, default 100 and 180)
+HOLD_SWEEP=$(want sweep && echo ${SWEEP_S:-100} || echo 0)
+HOLD_BENCH=$(( $(want bench && echo ${BENCH_S:-180} || echo 0) + HOLD_SWEEP ))
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
 KEXPR=${1:-}
@@ -54,7 +57,7 @@ if want tests; then
   timeout $(left $HOLD_BENCH) python3 -m pytest -m gpu -q -s -rs --continue-on-collection-errors \
     --ignore=tests/test_gluon_state.py --ignore=tests/test_gluon_state_output.py \
     --ignore=tests/test_gluon_wu.py --ignore=tests/test_gluon_forward.py \
-    ${KEXPR:+-k "$KEXPR"} tests/ 2>&1 | tee "$OUT/gpu_tests.log"
+    ${KEXPR:+-k "$KEXPR"} ${TESTS:-tests/} 2>&1 | tee "$OUT/gpu_tests.log"
 fi
 # 3. The benchmark: forward and forward+backward at the anchor shapes, kkt_solve, stages.
 if want bench; then
@@ -63,5 +66,5 @@ fi
 # 4. Launch sweeps: kkt_solve variants, each forward and backward kernel's time (the Gluon
 #    kernels beside the ones they would replace), the fused kernel's segments and chunk 32.
 if want sweep; then
-  timeout $(left) python3 -m eval.bench --sweep 2>&1 | tee "$OUT/sweep.log"
+  timeout $(left) python3 -m eval.bench --sweep ${SWEEP:-} 2>&1 | tee "$OUT/sweep.log"
 fi

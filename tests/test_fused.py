@@ -52,10 +52,11 @@ def inputs(case, dtype, device="cpu", scale_T=1):
     return q, k, v, g, b, h, cu_t
 
 
-def check(case, dtype, bound):
+def check(case, dtype, bound, precompute_inverse=True):
     q, k, v, g, b, h, cu = inputs(case, dtype)
     scale = case[5] ** -0.5
-    o, ht = fused_fwd(q, k, v, g, b, scale, h, True, cu, case[11], num_segments=case[12])
+    o, ht = fused_fwd(q, k, v, g, b, scale, h, True, cu, case[11], num_segments=case[12],
+                      precompute_inverse=precompute_inverse)
     o_ref, ht_ref = truth(q, k, v, g, b, h, cu, scale)
     assert o.dtype == dtype and o.shape == v.shape
     assert ht.dtype == torch.float32 and ht.shape == ht_ref.shape
@@ -66,15 +67,32 @@ def check(case, dtype, bound):
     return o, ht
 
 
+# T read from kkt_solve's launch (the default) or inverted on the chunk loop; packed input
+# always inverts on chip, so both ids of a varlen case run the same kernel
+INVERSE = pytest.mark.parametrize("precompute_inverse", [True, False],
+                                  ids=["T-read", "T-on-chip"])
+
+
+@INVERSE
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_fused_fp32(case):
-    check(case, torch.float32, CPU_BOUND[torch.float32])
+def test_fused_fp32(case, precompute_inverse):
+    check(case, torch.float32, CPU_BOUND[torch.float32], precompute_inverse)
 
 
+@INVERSE
 @pytest.mark.parametrize("case", [c for c in CASES if c[0] in FP16_CASES],
                          ids=lambda c: c[0])
-def test_fused_fp16(case):
-    check(case, torch.float16, CPU_BOUND[torch.float16])
+def test_fused_fp16(case, precompute_inverse):
+    check(case, torch.float16, CPU_BOUND[torch.float16], precompute_inverse)
+
+
+def test_read_inverse_equals_on_chip():
+    """The two inverse placements give the same o and state up to fp32 rounding (split run)."""
+    case = next(c for c in CASES if c[0] == "split2-strong")
+    q, k, v, g, b, h, _ = inputs(case, torch.float32)
+    runs = [fused_fwd(q, k, v, g, b, 0.125, h, True, None, 64, num_segments=2,
+                      precompute_inverse=p) for p in (True, False)]
+    assert rel_err(runs[0][0], runs[1][0]) <= 1e-6 and rel_err(runs[0][1], runs[1][1]) <= 1e-6
 
 
 def test_varlen_tail_and_empty_segment():
@@ -139,7 +157,8 @@ def test_custom_op_fake_and_compile():
     q, k, v, g, b, h = make_inputs(1, 20, 1, 2, 64, 64, initial_state=True)
     with FakeTensorMode() as mode:
         fq, fk, fv, fg, fb, fh = (mode.from_tensor(x) for x in (q, k, v, g, b, h))
-        o, ht = torch.ops.gdn_fused.fused_fwd(fq, fk, fv, fg, fb, 0.125, fh, True, None, 64, 0)
+        o, ht = torch.ops.gdn_fused.fused_fwd(fq, fk, fv, fg, fb, 0.125, fh, True, None, 64, 0,
+                                               True, 0, 0, 0)
         assert o.shape == v.shape and o.dtype == q.dtype
         assert ht.shape == h.shape and ht.dtype == torch.float32
 

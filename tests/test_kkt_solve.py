@@ -5,7 +5,8 @@ import torch
 from gdn_fused import chunk_gated_delta_rule
 from gdn_fused.kernels.chunk_gate import chunk_cumsum
 from gdn_fused.kernels.kkt import chunk_kkt
-from gdn_fused.kernels.kkt_solve import kkt_solve, kkt_solve_from_k
+from gdn_fused.kernels import kkt_solve as kkt_solve_module
+from gdn_fused.kernels.kkt_solve import chunk_inverse, kkt_solve, kkt_solve_from_k
 from tests.cases import make_inputs, rel_err, truth
 
 # max abs error bounds vs the fp64 inverse (fp32 output); Newton–Schulz with its default
@@ -48,6 +49,19 @@ def test_prefetched_coupling_blocks_give_the_same_inverse(C, method):
                        kkt_solve(A, solve_method=method))
     assert torch.equal(kkt_solve_from_k(k, G, beta, 2, C, solve_method=method, prefetch=True),
                        kkt_solve_from_k(k, G, beta, 2, C, solve_method=method))
+
+
+@pytest.mark.parametrize("method", ["blocked", "newton_schulz"])
+def test_chunk_inverse_either_route(method, monkeypatch):
+    """chunk_inverse through HBM (chunk_kkt + kkt_solve) and on chip (kkt_solve_from_k) give
+    the same T, and the first is exactly kkt_solve of chunk_kkt's A."""
+    k, G, beta, A = setup(64, "strong")
+    routes = []
+    for through_hbm in (True, False):
+        monkeypatch.setattr(kkt_solve_module, "A_THROUGH_HBM", through_hbm)
+        routes.append(chunk_inverse(k, G, beta, 2, 64, solve_method=method))
+    assert torch.equal(routes[0], kkt_solve(A, solve_method=method))
+    assert (routes[0] - routes[1]).abs().max() <= 1e-6
 
 
 def test_newton_schulz_too_few_iterations_is_wrong():
