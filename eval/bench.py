@@ -473,6 +473,9 @@ def main(argv=None):
                         + ") or B:T,B:T,...")
     p.add_argument("--no-backward", action="store_true", help="skip forward+backward timing")
     p.add_argument("--no-kkt", action="store_true", help="skip the kkt_solve benchmark")
+    p.add_argument("--no-stages", action="store_true",
+                   help="skip the per-kernel times of the materialized forward at B=1, "
+                        "T=32768 (also --sweep stages)")
     p.add_argument("--kkt-sweep", action="store_true",
                    help="only sweep kkt_solve launch variants, then exit")
     p.add_argument("--sweep", nargs="?", const=",".join(SWEEPS), default=None,
@@ -501,7 +504,8 @@ def main(argv=None):
         return
     fla_chunk, solve_tril = load_fla()
     kkt_row = None if args.no_kkt else bench_kkt_solve(bandwidth, solve_tril)
-    bench_stages()
+    if not args.no_stages:
+        bench_stages()
     rows = bench_forward(shapes, bandwidth, fla_chunk, not args.no_backward)
     write_outputs(args.out, rows, kkt_row, bandwidth)
 

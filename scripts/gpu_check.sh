@@ -6,7 +6,8 @@
 # STEPS picks among gluon (the experimental Gluon kernels' GPU tests), tests (every other gpu
 # test), bench (eval.bench at the anchor shapes) and sweep (eval.bench --sweep); default all
 # four, which need more than one 600 s call when every gpu test runs: split them as above
-# (TESTS narrows the gpu tests to some files, SWEEP picks eval.bench --sweep parts), and
+# (TESTS narrows the gpu tests to some files, SWEEP picks eval.bench --sweep parts,
+# BENCH_ARGS adds eval.bench options such as --no-stages), and
 # give the second call GDN_BENCH_SKIP_GLUON=1 (or _GLUON_OUTPUT, _GLUON_WU, _GLUON_FORWARD) for
 # each Gluon kernel whose test failed or hung in the first (the sweep would hang on it too).
 # Needs fla 0.6.0 wheels in .whl/ (carried) for the baseline columns; writes logs under $OUT.
@@ -61,7 +62,8 @@ if want tests; then
 fi
 # 3. The benchmark: forward and forward+backward at the anchor shapes, kkt_solve, stages.
 if want bench; then
-  timeout $(left $HOLD_SWEEP) python3 -m eval.bench --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log"
+  timeout $(left $HOLD_SWEEP) python3 -m eval.bench --out "$OUT/bench" ${BENCH_ARGS:-} 2>&1 | \
+    tee "$OUT/bench.log"
 fi
 # 4. Launch sweeps: kkt_solve variants, each forward and backward kernel's time (the Gluon
 #    kernels beside the ones they would replace), the fused kernel's segments and chunk 32.
