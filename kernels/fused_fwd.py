@@ -263,7 +263,7 @@ def _fused_fwd_kernel(q, k, v, g, beta, Ai, o, h0, ht, seg_maps, cu_seqlens, sca
 
     q and k share the (batch, token, head) strides s_q*, v has s_v*, g and beta s_g*; the last
     dim of q, k, v is contiguous; o [B, T, HV, V] is contiguous. With LOAD_T, Ai [B, T, HV, C]
-    (contiguous, not varlen) holds each chunk's inverse T."""
+    (contiguous) holds each chunk's inverse T in the rows of its tokens."""
     i_v, i_n, i_hv, i_h = _program_coords(V // BV, HV, H)
     seg = tl.program_id(1)
     i_b, bos, eos = _seq_bounds(cu_seqlens, i_n, T, VARLEN)
@@ -419,8 +419,11 @@ def _fused_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
     if num_segments <= 0:
         num_segments = fused_split.choose_num_segments(N, HV, K, V, BV, B * T / max(N, 1),
                                                        chunk_size, sm_count(q.device))
-    Ai = precomputed_inverse(k, g, beta, HV, chunk_size) \
-        if precompute_inverse and cu_seqlens is None else None
+    # packed input needs chunk indices built from cu_seqlens on the host, which a CUDA-graph
+    # capture forbids: captured packed calls invert on chip (slower, still exact)
+    capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
+    Ai = precomputed_inverse(k, g, beta, HV, chunk_size, cu_seqlens) \
+        if precompute_inverse and (cu_seqlens is None or not capturing) else None
     seg_maps = None
     if num_segments > 1:
         seg_maps = fused_split.segment_maps(k, v, g, beta, Ai, cu_seqlens, N, num_segments,
@@ -437,16 +440,20 @@ def _fused_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
 
 
 def precomputed_inverse(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, HV: int,
-                        chunk_size: int) -> torch.Tensor:
+                        chunk_size: int,
+                        cu_seqlens: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Each chunk's T = (I + A)⁻¹ [B, T, HV, C] fp32 by the materialized path's chunk-parallel
     chunk_inverse (blocked method, same result as the on-chip inverse to ~2e-8), for the
-    fused kernel to read instead of recomputing it on its sequential chunk loop. Equal-length
-    batches only: a packed batch would need chunk indices built from cu_seqlens on the host,
-    which CUDA-graph capture forbids, so packed input keeps the on-chip inverse."""
+    fused kernel to read instead of recomputing it on its sequential chunk loop. With
+    cu_seqlens (packed, B = 1) the chunks start at each sequence's first token, as the fused
+    kernel's do, and the chunk indices are built on the host (reads cu_seqlens)."""
     from gdn_fused.kernels.chunk_gate import chunk_cumsum
+    from gdn_fused.kernels.chunk_index import chunk_layout
     from gdn_fused.kernels.kkt_solve import chunk_inverse
-    G = chunk_cumsum(g.contiguous(), chunk_size)
-    return chunk_inverse(k.contiguous(), G, beta.contiguous(), HV, chunk_size, torch.float32)
+    _, _, idx = chunk_layout(cu_seqlens, k.shape[0], chunk_size)
+    G = chunk_cumsum(g.contiguous(), chunk_size, **idx)
+    return chunk_inverse(k.contiguous(), G, beta.contiguous(), HV, chunk_size, torch.float32,
+                         **idx)
 
 
 @_fused_fwd_op.register_fake
@@ -480,15 +487,17 @@ def fused_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
         scale: output scale (a Python float).
         initial_state: ``[N, HV, K, V]`` any float dtype (used in fp32), or None for zeros.
         output_final_state: return the final state.
-        cu_seqlens: ``[N+1]`` int32/int64 offsets of packed sequences (B == 1), read on the
-            device; empty sequences pass their state through; o past ``cu_seqlens[-1]`` is 0.
+        cu_seqlens: ``[N+1]`` int32/int64 offsets of packed sequences (B == 1), read by the
+            kernels on the device (and on the host for the precomputed inverse, see below);
+            empty sequences pass their state through; o past ``cu_seqlens[-1]`` is 0.
         chunk_size: 16, 32 or 64.
         num_segments: segments per sequence run side by side (exact state composition,
             :mod:`gdn_fused.kernels.fused_split`); None or 0 picks it from the shape.
         precompute_inverse: compute every chunk's inverse T first, chunk-parallel, in a second
             launch (:func:`precomputed_inverse`, B·T·HV·C fp32 of scratch) and read it in the
             chunk loop, instead of inverting on the loop; None: :data:`PRECOMPUTE_INVERSE`.
-            Packed input (cu_seqlens) always inverts on chip.
+            Packed input (cu_seqlens) then reads cu_seqlens on the host, except while a CUDA
+            graph is being captured, when it inverts on chip.
         block_v, num_warps, num_stages: value columns per program (≤ V, a power of two ≥ 16),
             warps and software-pipeline stages, overriding :func:`launch_config` (launch
             sweeps); None keeps the default.
@@ -497,8 +506,9 @@ def fused_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
         ``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] fp32 or None)``.
 
     Registered as the custom op ``torch.ops.gdn_fused.fused_fwd`` (with a fake implementation)
-    so torch.compile sees one opaque op; no host synchronisation and no autotuning, so it can
-    be captured in a CUDA graph for fixed shapes.
+    so torch.compile sees one opaque op; no autotuning, and no host synchronisation except
+    the packed inverse's read of cu_seqlens outside a capture, so it can be captured in a CUDA
+    graph for fixed shapes.
     """
     o, ht = _fused_fwd_op(q, k, v, g, beta, float(scale), initial_state,
                           bool(output_final_state), cu_seqlens, int(chunk_size),

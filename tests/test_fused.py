@@ -67,8 +67,7 @@ def check(case, dtype, bound, precompute_inverse=True):
     return o, ht
 
 
-# T read from kkt_solve's launch (the default) or inverted on the chunk loop; packed input
-# always inverts on chip, so both ids of a varlen case run the same kernel
+# T read from chunk_inverse's launch (the default) or inverted on the chunk loop
 INVERSE = pytest.mark.parametrize("precompute_inverse", [True, False],
                                   ids=["T-read", "T-on-chip"])
 
