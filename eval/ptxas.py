@@ -186,9 +186,10 @@ def _kernels() -> dict:
     from gdn_fused.kernels.gluon_state import MAXNREG
     from gdn_fused.kernels.gluon_state_output import MAXNREG as FUSED_MAXNREG
     from gdn_fused.kernels.gluon_wu import NUM_WARPS as WU_WARPS
-    from gdn_fused.kernels.kkt_solve import NUM_WARPS
+    from gdn_fused.kernels.kkt_solve import MAXNREG_FROM_A, NUM_WARPS
     return {
-        "kkt_solve blocked (A in)": (lambda: _kkt_solve(False), dict(num_warps=NUM_WARPS["blocked"])),
+        "kkt_solve blocked (A in)": (lambda: _kkt_solve(False), dict(num_warps=NUM_WARPS["blocked"],
+                                                                     maxnreg=MAXNREG_FROM_A)),
         "kkt_solve blocked (from k)": (lambda: _kkt_solve(True), dict(num_warps=NUM_WARPS["blocked"])),
         "kkt_solve newton_schulz:12 (from k)": (lambda: _kkt_solve(True, "newton_schulz", 12),
                                                 dict(num_warps=NUM_WARPS["newton_schulz"])),

@@ -500,7 +500,8 @@ def fused_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
             graph is being captured, when it inverts on chip.
         block_v, num_warps, num_stages: value columns per program (≤ V, a power of two ≥ 16),
             warps and software-pipeline stages, overriding :func:`launch_config` (launch
-            sweeps); None keeps the default.
+            sweeps); None keeps the default. A block_v that is not a power of two in
+            [16, V] raises ValueError.
 
     Returns:
         ``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] fp32 or None)``.
@@ -510,6 +511,10 @@ def fused_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     the packed inverse's read of cu_seqlens outside a capture, so it can be captured in a CUDA
     graph for fixed shapes.
     """
+    V = v.shape[-1]
+    if block_v is not None and (not isinstance(block_v, int) or block_v < 16 or block_v > V
+                                or block_v & (block_v - 1)):
+        raise ValueError(f"block_v must be a power of two in [16, V={V}], got {block_v!r}")
     o, ht = _fused_fwd_op(q, k, v, g, beta, float(scale), initial_state,
                           bool(output_final_state), cu_seqlens, int(chunk_size),
                           int(num_segments or 0),

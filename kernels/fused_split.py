@@ -93,14 +93,17 @@ def segment_maps(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.
     k [B, T, H, K], v [B, T, HV, V] (same dtype, last dim contiguous), g, beta [B, T, HV] any
     float dtype with one layout, Ai [B, T, HV, C] fp32 (each chunk's inverse, read instead of
     recomputed) or None, cu_seqlens [N+1] or None. Segment s covers chunks
-    [s·P, (s+1)·P) of its sequence, P = ceil(chunks / NS). BV, state_precision and the launch
-    options are the fused launch's (:func:`gdn_fused.kernels.fused_fwd.launch_config`,
+    [s·P, (s+1)·P) of its sequence, P = ceil(chunks / NS). BV (capped to divide K),
+    state_precision and the launch options are the fused launch's (:func:`gdn_fused.kernels.fused_fwd.launch_config`,
     :func:`~gdn_fused.kernels.fused_fwd.dot_precisions`), so both round alike.
 
     Returns seg_maps [N, HV, NS−1, K, K+V] fp32 with S_out = seg_maps[..., :K] @ S_in +
     seg_maps[..., K:] for each segment (one launch)."""
     _, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
+    # the column blocks must tile K + V: with K = 64 a main-launch BV of 128 would leave the
+    # last 64 columns of b unwritten
+    BV = math.gcd(BV, K)
     maps = torch.empty(N, HV, num_segments - 1, K, K + V, dtype=torch.float32, device=k.device)
     grid = (N * HV * ((K + V) // BV), num_segments - 1)
     _segment_map_kernel[grid](

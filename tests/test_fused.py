@@ -86,12 +86,26 @@ def test_fused_fp16(case, precompute_inverse):
 
 
 def test_read_inverse_equals_on_chip():
-    """The two inverse placements give the same o and state up to fp32 rounding (split run)."""
-    case = next(c for c in CASES if c[0] == "split2-strong")
-    q, k, v, g, b, h, _ = inputs(case, torch.float32)
-    runs = [fused_fwd(q, k, v, g, b, 0.125, h, True, None, 64, num_segments=2,
+    """The two inverse placements give the same o and state up to fp32 rounding: two
+    sequences, GVA 3, a partial last chunk, split in two (ordinary gates, so T is far from I)."""
+    q, k, v, g, b, h = make_inputs(2, 150, 1, 3, 64, 64, initial_state=True)
+    runs = [fused_fwd(q, k, v, g, b, 0.125, h, True, None, 32, num_segments=2,
                       precompute_inverse=p) for p in (True, False)]
     assert rel_err(runs[0][0], runs[1][0]) <= 1e-6 and rel_err(runs[0][1], runs[1][1]) <= 1e-6
+    o_ref, ht_ref = truth(q, k, v, g, b, h, scale=0.125)
+    assert rel_err(runs[0][0], o_ref) <= 1e-5
+
+
+def test_block_v_override():
+    """A launch override that would not tile the split kernel's K + V columns (K = 64,
+    block_v = 128) still gives the right answer; an invalid one raises before launching."""
+    q, k, v, g, b, h = make_inputs(1, 130, 1, 1, 64, 128, initial_state=True)
+    o, ht = fused_fwd(q, k, v, g, b, 0.125, h, True, None, 64, num_segments=2, block_v=128)
+    o_ref, ht_ref = truth(q, k, v, g, b, h, scale=0.125)
+    assert rel_err(o, o_ref) <= 1e-5 and rel_err(ht, ht_ref) <= 1e-5
+    for bad in (8, 48, 256):
+        with pytest.raises(ValueError, match="block_v"):
+            fused_fwd(q, k, v, g, b, 0.125, h, True, None, 64, block_v=bad)
 
 
 def test_varlen_tail_and_empty_segment():
