@@ -45,11 +45,14 @@ from gdn_fused.validation import CHUNK_SIZES, triton_interpreted
 
 HEAD_DIMS = (64, 128)      # K and V the kernel is built and tested for
 SUB = 16                   # diagonal block of the blocked inverse: tl.dot's smallest tile
-# value columns and warps per program: ptxas (sm_90a, K = V = 128, bf16) spills 512 B a thread
-# at (32, 4) with T read (1,216 B with the on-chip inverse) against 1,868 B (2,020) at the
-# earlier (64, 8); eval.bench --sweep fused times the alternatives
-BLOCK_V = 32
-NUM_WARPS = 4
+# value columns and warps per program: (64, 8), the only launch verified on the H200. ptxas
+# (sm_90a, K = V = 128, bf16) would spill less at (32, 4) — 512 B a thread with T read against
+# 1,868 B — but Triton 3.6 miscompiles the kernel there: compute-sanitizer reports an
+# out-of-bounds shared-memory read at the P·V' output product (line "b_o += tl.dot(attn, …)")
+# with T read, and with the on-chip inverse o comes out wrong (relative difference 1.06 against
+# materialized, final state right). Keep the launch overrides for sweeps on verified values.
+BLOCK_V = 64
+NUM_WARPS = 8
 # Invert each chunk in a chunk-parallel launch before the fused one and read T there (the
 # structure of FlashQLA's forward, ../shared/anchors.md), rather than on the chunk loop, where
 # the inverse's dependency chain measured ~20 µs a chunk step on the H200 (fused 5.78 ms at
@@ -499,8 +502,9 @@ def fused_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
             Packed input (cu_seqlens) then reads cu_seqlens on the host, except while a CUDA
             graph is being captured, when it inverts on chip.
         block_v, num_warps, num_stages: value columns per program (≤ V, a power of two ≥ 16),
-            warps and software-pipeline stages, overriding :func:`launch_config` (launch
-            sweeps); None keeps the default. A block_v that is not a power of two in
+            warps and software-pipeline stages, overriding :func:`launch_config` — launch
+            sweeps only: (32, 4) miscompiles on sm_90 with Triton 3.6 (see BLOCK_V); None
+            keeps the default. A block_v that is not a power of two in
             [16, V] raises ValueError.
 
     Returns:

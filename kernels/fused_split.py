@@ -38,8 +38,7 @@ MAX_SEGMENTS = 8
 # a K×K by K×BV fp32 product, about one chunk step.
 MAP_STEP_COST = 0.65
 COMPOSE_COST = 1.0
-PROGRAMS_PER_SM = 2  # resident fused programs per SM: a 128-thread program at 255 registers
-                     # holds half the register file
+PROGRAMS_PER_SM = 1  # resident fused programs per SM: registers of one 256-thread program
 
 
 @triton.jit
