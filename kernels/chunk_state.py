@@ -54,17 +54,19 @@ def chunk_state_kernel(k, w, u, G, h, v_new, h0, ht, cu_seqlens, chunk_offsets, 
         tl.store(p_ht, b_h, boundary_check=(0, 1))
 
 
-def state_blocks(K, V, num_seq_heads, device):
+def state_blocks(K, V, num_seq_heads, device, min_block_v=32):
     """(BK, BV) for a sequential-over-chunks kernel with one [BK, BV] fp32 state per program.
 
     BV is at most 64 (32 past K = 128) to keep the state in registers, and is halved to 32
     when the programs, num_seq_heads · cdiv(V, BV), would leave SMs idle. Measured on the H200
     at B = 1, T = 32768, HV = 32, K = V = 128 (eval.bench --sweep, 2026-11-29): BV = 64 (64
     programs) 877 µs, 32 (128 programs) 659 µs, 16 (256 programs) 796 µs — halving again adds
-    programs but each pays an N = 16 product and re-reads w and k."""
+    programs but each pays an N = 16 product and re-reads w and k. ``min_block_v`` is where
+    the halving stops (the backward's state pass keeps 16, the value its GPU gradient tests
+    ran at)."""
     BK = max(16, triton.next_power_of_2(K))
     BV = min(64 if BK <= 128 else 32, max(16, triton.next_power_of_2(V)))
-    while BV > 32 and num_seq_heads * triton.cdiv(V, BV) < sm_count(device):
+    while BV > min_block_v and num_seq_heads * triton.cdiv(V, BV) < sm_count(device):
         BV //= 2
     return BK, BV
 
