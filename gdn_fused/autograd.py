@@ -94,7 +94,14 @@ def chunk_gated_delta_rule_triton(q, k, v, g, beta, scale, initial_state, output
     if use_qk_l2norm_in_kernel:
         # one rounding policy (gdn_fused.reference.l2norm) in every path; autograd flows through
         q, k = l2norm(q), l2norm(k)
-    o, ht = ChunkGatedDeltaRuleFunction.apply(q, k, v, g, beta, initial_state, scale,
-                                              output_final_state, cu_seqlens, chunk_size,
-                                              backend, solve_method, solve_iters)
+    inputs = (q, k, v, g, beta, initial_state)
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs):
+        o, ht = ChunkGatedDeltaRuleFunction.apply(q, k, v, g, beta, initial_state, scale,
+                                                  output_final_state, cu_seqlens, chunk_size,
+                                                  backend, solve_method, solve_iters)
+    else:
+        # inference: no graph to record, so no autograd.Function (~30 µs of host time a call,
+        # which short prompts pay in full)
+        o, ht = _forward(backend, q, k, v, g, beta, scale, initial_state, output_final_state,
+                         cu_seqlens, chunk_size, solve_method, solve_iters)
     return o, (ht if output_final_state else None)
