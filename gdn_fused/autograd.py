@@ -20,15 +20,15 @@ from gdn_fused.reference import chunk_gated_delta_rule_ref, l2norm
 
 
 def _forward(backend, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-             chunk_size, solve_method="blocked", solve_iters=None):
+             chunk_size, solve_method="blocked", solve_iters=None, cu_seqlens_cpu=None):
     if backend == "fused":
         from gdn_fused.kernels.fused_fwd import fused_fwd
         return fused_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-                         chunk_size)
+                         chunk_size, cu_seqlens_cpu=cu_seqlens_cpu)
     from gdn_fused.kernels.materialized import materialized_fwd
     o, ht, _ = materialized_fwd(q, k, v, g, beta, scale, initial_state, output_final_state,
                                 cu_seqlens, chunk_size, solve_method=solve_method,
-                                solve_iters=solve_iters)
+                                solve_iters=solve_iters, cu_seqlens_cpu=cu_seqlens_cpu)
     return o, ht
 
 
@@ -65,11 +65,12 @@ def backward_by_recompute(q, k, v, g, beta, scale, initial_state, do, dht, cu_se
 class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, initial_state, scale, output_final_state, cu_seqlens,
-                chunk_size, backend, solve_method, solve_iters):
+                chunk_size, backend, solve_method, solve_iters, cu_seqlens_cpu):
         o, ht = _forward(backend, q, k, v, g, beta, scale, initial_state, output_final_state,
-                         cu_seqlens, chunk_size, solve_method, solve_iters)
+                         cu_seqlens, chunk_size, solve_method, solve_iters, cu_seqlens_cpu)
         ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens)
-        ctx.scale, ctx.chunk_size = scale, chunk_size
+        # the host copy of the offsets: the backward sizes its grids without a device read
+        ctx.scale, ctx.chunk_size, ctx.cu_seqlens_cpu = scale, chunk_size, cu_seqlens_cpu
         return o, ht
 
     @staticmethod
@@ -77,20 +78,21 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
         from gdn_fused.kernels.chunk_bwd import chunk_gated_delta_rule_bwd
         q, k, v, g, beta, h0, cu_seqlens = ctx.saved_tensors
         grads = chunk_gated_delta_rule_bwd(q, k, v, g, beta, ctx.scale, h0, do, dht, cu_seqlens,
-                                           ctx.chunk_size)
+                                           ctx.chunk_size, ctx.cu_seqlens_cpu)
         dq, dk, dv, dg, dbeta, dh0 = (d if need else None
                                       for d, need in zip(grads, ctx.needs_input_grad[:6]))
-        return dq, dk, dv, dg, dbeta, dh0, None, None, None, None, None, None, None
+        return dq, dk, dv, dg, dbeta, dh0, None, None, None, None, None, None, None, None
 
 
 def chunk_gated_delta_rule_triton(q, k, v, g, beta, scale, initial_state, output_final_state,
                                   cu_seqlens, use_qk_l2norm_in_kernel, chunk_size, backend,
-                                  solve_method="blocked", solve_iters=None):
+                                  solve_method="blocked", solve_iters=None, cu_seqlens_cpu=None):
     """Run a Triton backend on validated inputs; differentiable in every input.
 
     solve_method, solve_iters choose the forward's kkt_solve method (the inverse study); the
     backward always recomputes T with the stable blocked inverse, so the gradients are those of
-    the exact function, whichever inverse the forward used."""
+    the exact function, whichever inverse the forward used. cu_seqlens_cpu: the validated
+    offsets on the host, reused by the forward's and the backward's launchers."""
     if use_qk_l2norm_in_kernel:
         # one rounding policy (gdn_fused.reference.l2norm) in every path; autograd flows through
         q, k = l2norm(q), l2norm(k)
@@ -98,10 +100,11 @@ def chunk_gated_delta_rule_triton(q, k, v, g, beta, scale, initial_state, output
     if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs):
         o, ht = ChunkGatedDeltaRuleFunction.apply(q, k, v, g, beta, initial_state, scale,
                                                   output_final_state, cu_seqlens, chunk_size,
-                                                  backend, solve_method, solve_iters)
+                                                  backend, solve_method, solve_iters,
+                                                  cu_seqlens_cpu)
     else:
         # inference: no graph to record, so no autograd.Function (~30 µs of host time a call,
         # which short prompts pay in full)
         o, ht = _forward(backend, q, k, v, g, beta, scale, initial_state, output_final_state,
-                         cu_seqlens, chunk_size, solve_method, solve_iters)
+                         cu_seqlens, chunk_size, solve_method, solve_iters, cu_seqlens_cpu)
     return o, (ht if output_final_state else None)

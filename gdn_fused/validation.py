@@ -76,12 +76,14 @@ def as_scale(scale, head_dim: int) -> float:
     return scale
 
 
-def check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, backend, state_v_first=False):
+def check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, backend, state_v_first=False,
+                 cu_seqlens_cpu=None):
     """Validate the functional API's arguments (shapes as in :mod:`gdn_fused.ops`).
 
     initial_state is taken as the op uses it, ``[N, HV, K, V]``; with ``state_v_first`` the
     caller passed its ``[N, HV, V, K]`` transpose, and a shape error speaks of that layout.
-    Returns the number of sequences N. Raises ValueError/TypeError naming the argument."""
+    Returns ``(N, cu_seqlens on the host or None)`` (see :func:`check_cu_seqlens`). Raises
+    ValueError/TypeError naming the argument."""
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
         _tensor(name, x)
     if backend not in BACKENDS:
@@ -115,7 +117,9 @@ def check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, backend, state_v_f
     if len(devices) != 1:
         raise ValueError(f"q, k, v, g, beta must be on one device, got {sorted(map(str, devices))}")
 
-    N = B if cu_seqlens is None else check_cu_seqlens(cu_seqlens, B, T, q.device)
+    N, cu_host = B, None
+    if cu_seqlens is not None:
+        N, cu_host = check_cu_seqlens(cu_seqlens, B, T, q.device, cu_seqlens_cpu)
     if initial_state is not None:
         _tensor("initial_state", initial_state)
         if initial_state.device != q.device:
@@ -128,12 +132,17 @@ def check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, backend, state_v_f
                 raise ValueError(f"initial_state must be [N, HV, V, K] = {(N, HV, V, K)} "
                                  f"(state_v_first=True), got {got}")
             raise ValueError(f"initial_state must be [N, HV, K, V] = {(N, HV, K, V)}, got {got}")
-    return N
+    return N, cu_host
 
 
-def check_cu_seqlens(cu_seqlens, B: int, T: int, device: torch.device) -> int:
+def check_cu_seqlens(cu_seqlens, B: int, T: int, device: torch.device,
+                     cu_seqlens_cpu=None) -> tuple[int, torch.Tensor]:
     """Validate packed-sequence offsets ``[N+1]`` for an input of batch B and length T on
-    ``device``; returns N. Raises TypeError / ValueError naming cu_seqlens."""
+    ``device``; returns ``(N, the offsets on the host)``. The host copy is what the launchers
+    size their grids from, so one read serves the whole call (forward and backward).
+    ``cu_seqlens_cpu`` (fla's keyword): the same offsets already on the host, validated and
+    used instead of reading cu_seqlens — by contract equal to it, as in fla (not compared,
+    which would be the read it saves). Raises TypeError / ValueError naming the argument."""
     if not isinstance(cu_seqlens, torch.Tensor):
         raise TypeError(f"cu_seqlens must be a torch.Tensor, got {type(cu_seqlens).__name__}")
     if cu_seqlens.dtype not in (torch.int32, torch.int64):
@@ -146,16 +155,29 @@ def check_cu_seqlens(cu_seqlens, B: int, T: int, device: torch.device) -> int:
                          f"{tuple(cu_seqlens.shape)}")
     if B != 1:
         raise ValueError(f"cu_seqlens needs packed input with B == 1, got B={B}")
-    cu = cu_seqlens.detach().cpu()  # validation is allowed one host read (not under graphs)
+    name = "cu_seqlens"
+    if cu_seqlens_cpu is None:
+        cu = cu_seqlens.detach().cpu()  # the call's one host read (not under graphs)
+    else:
+        if not isinstance(cu_seqlens_cpu, torch.Tensor) or cu_seqlens_cpu.dtype not in (
+                torch.int32, torch.int64):
+            raise TypeError("cu_seqlens_cpu must be an int32/int64 torch.Tensor, got "
+                            f"{getattr(cu_seqlens_cpu, 'dtype', type(cu_seqlens_cpu).__name__)}")
+        if cu_seqlens_cpu.device.type != "cpu" or cu_seqlens_cpu.shape != cu_seqlens.shape:
+            raise ValueError("cu_seqlens_cpu must be cu_seqlens on the CPU, shape "
+                             f"{tuple(cu_seqlens.shape)}; got shape "
+                             f"{tuple(cu_seqlens_cpu.shape)} on {cu_seqlens_cpu.device}")
+        cu = cu_seqlens_cpu
+        name = "cu_seqlens_cpu"
     if int(cu[0]) != 0:
-        raise ValueError(f"cu_seqlens must start at 0, got {int(cu[0])}")
+        raise ValueError(f"{name} must start at 0, got {int(cu[0])}")
     if bool((cu[1:] < cu[:-1]).any()):
-        raise ValueError("cu_seqlens must be non-decreasing (empty segments are allowed)")
+        raise ValueError(f"{name} must be non-decreasing (empty segments are allowed)")
     if int(cu[-1]) > T:
         # A buffer longer than cu_seqlens[-1] is legal (its tail gets o = 0); one shorter
         # would make the kernels read past the end.
-        raise ValueError(f"cu_seqlens[-1]={int(cu[-1])} exceeds the packed length T={T}")
-    return cu_seqlens.numel() - 1
+        raise ValueError(f"{name}[-1]={int(cu[-1])} exceeds the packed length T={T}")
+    return cu_seqlens.numel() - 1, cu
 
 
 def check_device_for_backend(backend: str, device: torch.device, dtype: torch.dtype):

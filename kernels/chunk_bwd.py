@@ -36,7 +36,7 @@ from gdn_fused.kernels.wu_bwd import wu_bwd
 
 
 def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens,
-                               chunk_size=64):
+                               chunk_size=64, cu_seqlens_cpu=None):
     """Gradients of (o, final_state) = chunk_gated_delta_rule(q, k, v, g, beta, ...).
 
     Args:
@@ -45,6 +45,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, initial_state, do, dht, 
         scale: float. initial_state: ``[N, HV, K, V]`` or None. cu_seqlens: ``[N+1]`` or None.
         do: ``[B, T, HV, V]`` cotangent of o. dht: ``[N, HV, K, V]`` cotangent of the final
         state, or None (treated as 0). chunk_size: 16, 32 or 64 (as in the forward).
+        cu_seqlens_cpu: the offsets on the host if known (the forward's validated copy).
     Returns:
         ``(dq, dk, dv, dg, dbeta, dh0)`` in the dtypes and shapes of q, k, v, g, beta and
         initial_state (dh0 None without an initial state). dq, dk are summed over the HV // H
@@ -55,7 +56,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, initial_state, do, dht, 
     B, T, H, K = q.shape
     HV = v.shape[2]
     prec = dot_precision(q.dtype)
-    N, chunk_offsets, idx = chunk_layout(cu_seqlens, B, chunk_size)
+    N, chunk_offsets, idx = chunk_layout(cu_seqlens, B, chunk_size, cu_seqlens_cpu)
     # recompute the forward's intermediates (T kept in fp32: dA = −Tᵀ dT Tᵀ is formed from it;
     # always the stable blocked inverse, whatever solve_method the forward ran)
     G = chunk_cumsum(g, chunk_size, **idx)

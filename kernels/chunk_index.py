@@ -13,11 +13,13 @@ import triton
 import triton.language as tl
 
 
-def prepare_chunk_indices(cu_seqlens: torch.Tensor, chunk_size: int):
+def prepare_chunk_indices(cu_seqlens: torch.Tensor, chunk_size: int, cu_seqlens_cpu=None):
     """Return (chunk_indices int32 [NT, 2], chunk_offsets int32 [N+1], NT) for packed input.
 
-    Reads cu_seqlens on the host once (the chunk count sets the grid size)."""
-    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).cpu()
+    The chunk count sets the grid size, so the offsets are needed on the host: taken from
+    ``cu_seqlens_cpu`` when given, else read from cu_seqlens (one device-to-host copy)."""
+    cu = cu_seqlens.cpu() if cu_seqlens_cpu is None else cu_seqlens_cpu
+    lens = (cu[1:] - cu[:-1]).to(torch.int64)
     nchunks = (lens + chunk_size - 1) // chunk_size
     offsets = torch.zeros(len(lens) + 1, dtype=torch.int64)
     offsets[1:] = nchunks.cumsum(0)
@@ -29,13 +31,15 @@ def prepare_chunk_indices(cu_seqlens: torch.Tensor, chunk_size: int):
     return indices.to(dev), offsets.to(torch.int32).to(dev), NT
 
 
-def chunk_layout(cu_seqlens, batch: int, chunk_size: int):
+def chunk_layout(cu_seqlens, batch: int, chunk_size: int, cu_seqlens_cpu=None):
     """(N, chunk_offsets, idx) for a launch: N sequences, the global index of each sequence's
     first chunk (packed input only, else None), and ``idx`` = the keyword arguments
-    (cu_seqlens, chunk_indices, num_chunks) every chunk-parallel launcher takes."""
+    (cu_seqlens, chunk_indices, num_chunks) every chunk-parallel launcher takes.
+    cu_seqlens_cpu: the offsets already on the host (validation's copy), else they are read."""
     if cu_seqlens is None:
         return batch, None, dict(cu_seqlens=None, chunk_indices=None, num_chunks=None)
-    chunk_indices, chunk_offsets, NT = prepare_chunk_indices(cu_seqlens, chunk_size)
+    chunk_indices, chunk_offsets, NT = prepare_chunk_indices(cu_seqlens, chunk_size,
+                                                             cu_seqlens_cpu)
     return (cu_seqlens.numel() - 1, chunk_offsets,
             dict(cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, num_chunks=NT))
 

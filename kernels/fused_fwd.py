@@ -405,8 +405,8 @@ def _fused_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
                   beta: torch.Tensor, scale: float, initial_state: Optional[torch.Tensor],
                   output_final_state: bool, cu_seqlens: Optional[torch.Tensor],
                   chunk_size: int, num_segments: int, precompute_inverse: bool,
-                  block_v: int, num_warps: int,
-                  num_stages: int) -> tuple[torch.Tensor, torch.Tensor]:
+                  block_v: int, num_warps: int, num_stages: int,
+                  cu_seqlens_cpu: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     from gdn_fused.kernels import fused_split  # builds on this module's chunk helpers
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -425,7 +425,7 @@ def _fused_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
     # packed input needs chunk indices built from cu_seqlens on the host, which a CUDA-graph
     # capture forbids: captured packed calls invert on chip (slower, still exact)
     capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
-    Ai = precomputed_inverse(k, g, beta, HV, chunk_size, cu_seqlens) \
+    Ai = precomputed_inverse(k, g, beta, HV, chunk_size, cu_seqlens, cu_seqlens_cpu) \
         if precompute_inverse and (cu_seqlens is None or not capturing) else None
     seg_maps = None
     if num_segments > 1:
@@ -443,17 +443,18 @@ def _fused_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
 
 
 def precomputed_inverse(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, HV: int,
-                        chunk_size: int,
-                        cu_seqlens: Optional[torch.Tensor] = None) -> torch.Tensor:
+                        chunk_size: int, cu_seqlens: Optional[torch.Tensor] = None,
+                        cu_seqlens_cpu: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Each chunk's T = (I + A)⁻¹ [B, T, HV, C] fp32 by the materialized path's chunk-parallel
     chunk_inverse (blocked method, same result as the on-chip inverse to ~2e-8), for the
     fused kernel to read instead of recomputing it on its sequential chunk loop. With
     cu_seqlens (packed, B = 1) the chunks start at each sequence's first token, as the fused
-    kernel's do, and the chunk indices are built on the host (reads cu_seqlens)."""
+    kernel's do, and the chunk indices are built on the host (from cu_seqlens_cpu if given,
+    else read from cu_seqlens)."""
     from gdn_fused.kernels.chunk_gate import chunk_cumsum
     from gdn_fused.kernels.chunk_index import chunk_layout
     from gdn_fused.kernels.kkt_solve import chunk_inverse
-    _, _, idx = chunk_layout(cu_seqlens, k.shape[0], chunk_size)
+    _, _, idx = chunk_layout(cu_seqlens, k.shape[0], chunk_size, cu_seqlens_cpu)
     G = chunk_cumsum(g.contiguous(), chunk_size, **idx)
     return chunk_inverse(k.contiguous(), G, beta.contiguous(), HV, chunk_size, torch.float32,
                          **idx)
@@ -461,7 +462,7 @@ def precomputed_inverse(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, HV
 
 @_fused_fwd_op.register_fake
 def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_size,
-      num_segments, precompute_inverse, block_v, num_warps, num_stages):
+      num_segments, precompute_inverse, block_v, num_warps, num_stages, cu_seqlens_cpu):
     B, T, _, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
@@ -475,7 +476,8 @@ def fused_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
               output_final_state: bool, cu_seqlens: Optional[torch.Tensor],
               chunk_size: int = 64, num_segments: Optional[int] = None,
               precompute_inverse: Optional[bool] = None, block_v: Optional[int] = None,
-              num_warps: Optional[int] = None, num_stages: Optional[int] = None):
+              num_warps: Optional[int] = None, num_stages: Optional[int] = None,
+              cu_seqlens_cpu: Optional[torch.Tensor] = None):
     """Chunkwise Gated DeltaNet forward in one fused Triton launch (design card §Chunkwise form).
 
     Inputs are taken as validated by :func:`gdn_fused.validation.check_inputs` (q and k already
@@ -506,6 +508,8 @@ def fused_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
             sweeps only: (32, 4) miscompiles on sm_90 with Triton 3.6 (see BLOCK_V); None
             keeps the default. A block_v that is not a power of two in
             [16, V] raises ValueError.
+        cu_seqlens_cpu: cu_seqlens on the host if the caller has it (validation's copy), so
+            the precomputed inverse's chunk indices need no device read.
 
     Returns:
         ``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] fp32 or None)``.
@@ -524,5 +528,5 @@ def fused_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
                           int(num_segments or 0),
                           PRECOMPUTE_INVERSE if precompute_inverse is None
                           else bool(precompute_inverse), int(block_v or 0),
-                          int(num_warps or 0), int(num_stages or 0))
+                          int(num_warps or 0), int(num_stages or 0), cu_seqlens_cpu)
     return o, (ht if output_final_state else None)

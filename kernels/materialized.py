@@ -22,17 +22,18 @@ def contiguous(*xs):
 
 def materialized_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
                      chunk_size=64, inverse_dtype=None, solve_method="blocked",
-                     solve_iters=None):
+                     solve_iters=None, cu_seqlens_cpu=None):
     """Validated inputs (see gdn_fused.ops) -> (o, final_state, saved) where ``saved`` holds the
     intermediates a backward can reuse (G, T, h, v_new).
 
     inverse_dtype: storage dtype of T (default: fp32 for fp32 data, else the input dtype).
-    solve_method, solve_iters: the kkt_solve method (kernels/kkt_solve.py)."""
+    solve_method, solve_iters: the kkt_solve method (kernels/kkt_solve.py). cu_seqlens_cpu:
+    the offsets on the host, if the caller has them (saves a device read)."""
     q, k, v, g, beta, initial_state, cu_seqlens = contiguous(q, k, v, g, beta, initial_state,
                                                              cu_seqlens)
     HV = v.shape[2]
     prec = dot_precision(q.dtype)
-    N, chunk_offsets, idx = chunk_layout(cu_seqlens, q.shape[0], chunk_size)
+    N, chunk_offsets, idx = chunk_layout(cu_seqlens, q.shape[0], chunk_size, cu_seqlens_cpu)
     G = chunk_cumsum(g, chunk_size, **idx)
     Ai = chunk_inverse(k, G, beta, HV, chunk_size,
                        inverse_dtype or (torch.float32 if q.dtype == torch.float32 else q.dtype),

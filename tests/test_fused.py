@@ -171,7 +171,7 @@ def test_custom_op_fake_and_compile():
     with FakeTensorMode() as mode:
         fq, fk, fv, fg, fb, fh = (mode.from_tensor(x) for x in (q, k, v, g, b, h))
         o, ht = torch.ops.gdn_fused.fused_fwd(fq, fk, fv, fg, fb, 0.125, fh, True, None, 64, 0,
-                                               True, 0, 0, 0)
+                                               True, 0, 0, 0, None)
         assert o.shape == v.shape and o.dtype == q.dtype
         assert ht.shape == h.shape and ht.dtype == torch.float32
 

@@ -198,3 +198,44 @@ def test_errors_name_the_backend_the_caller_asked_for():
         chunk_gated_delta_rule(q, k, v, g, b, backend="fused")
     with pytest.raises(ValueError, match="on backend 'fused'"):
         chunk_gated_delta_rule(**good(), backend="fused", solve_method="mch")
+
+
+@pytest.mark.parametrize("cpu,exc,match", [
+    (torch.tensor([0, 12, 8]), ValueError, "cu_seqlens_cpu must be non-decreasing"),
+    (torch.tensor([0, 20]), ValueError, "cu_seqlens_cpu must be cu_seqlens on the CPU"),
+    (torch.tensor([0.0, 8.0, 20.0]), TypeError, "cu_seqlens_cpu must be an int32/int64"),
+])
+def test_bad_cu_seqlens_cpu(cpu, exc, match):
+    """fla's cu_seqlens_cpu is validated in place of the device offsets it stands for."""
+    with pytest.raises(exc, match=match):
+        call(cu_seqlens=torch.tensor([0, 8, 20]), cu_seqlens_cpu=cpu)
+
+
+@pytest.mark.parametrize("backend", ["materialized", "fused"])
+@pytest.mark.parametrize("given", [False, True])
+def test_packed_offsets_read_once_per_forward_and_backward(backend, given, monkeypatch):
+    """A packed call reads cu_seqlens to the host once for validation, forward and backward
+    together (never with fla's cu_seqlens_cpu), and gives the same o and gradients either way."""
+    if not triton_interpreted():
+        pytest.skip("Triton backends on CPU need TRITON_INTERPRET=1")
+    q, k, v, g, b, h = make_inputs(1, 90, 1, 2, 64, 64, initial_state=True, num_seqs=3)
+    cu = torch.tensor([0, 30, 30, 90])
+    leaves = [x.requires_grad_() for x in (q, k, v, g, b)]
+    reads, cpu = [], torch.Tensor.cpu
+
+    def counting_cpu(self, *args, **kwargs):
+        if self.data_ptr() == cu.data_ptr():
+            reads.append(1)
+        return cpu(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "cpu", counting_cpu)
+    extra = dict(cu_seqlens_cpu=cu.clone()) if given else {}
+    o, _ = chunk_gated_delta_rule(*leaves, initial_state=h, cu_seqlens=cu, backend=backend,
+                                  **extra)
+    grads = torch.autograd.grad(o.sum(), leaves)
+    monkeypatch.setattr(torch.Tensor, "cpu", cpu)
+    assert len(reads) == (0 if given else 1)
+    o_ref, _ = chunk_gated_delta_rule(*leaves, initial_state=h, cu_seqlens=cu, backend=backend)
+    assert torch.equal(o, o_ref)
+    for d, d_ref in zip(grads, torch.autograd.grad(o_ref.sum(), leaves)):
+        assert torch.equal(d, d_ref)
