@@ -71,6 +71,29 @@ def gated_deltanet_from_hf(module: nn.Module, backend: str = "auto", chunk_size:
         TypeError for another class; ValueError for weights on the meta device (offloaded),
         projection biases, or an activation other than SiLU.
     """
+    in_proj = _check_hf_module(module)
+    with torch.device("meta"):  # no throw-away allocation and init of the new weights
+        ours = GatedDeltaNet(
+            module.hidden_size, module.num_k_heads, module.num_v_heads,
+            head_k_dim=module.head_k_dim, head_v_dim=module.head_v_dim,
+            conv_size=module.conv_kernel_size, norm_eps=module.layer_norm_epsilon,
+            layer_idx=module.layer_idx, backend=backend, chunk_size=chunk_size,
+            solve_method=solve_method, solve_iters=solve_iters)
+    ref = module.out_proj.weight
+    ours.in_proj.weight = nn.Parameter(in_proj(module).detach(),
+                                       requires_grad=ref.requires_grad)
+    ours.conv1d.weight = module.conv1d.weight
+    ours.A_log = module.A_log
+    ours.dt_bias = module.dt_bias
+    ours.norm.weight = module.norm.weight
+    ours.out_proj.weight = module.out_proj.weight
+    ours.train(module.training)
+    return ours
+
+
+def _check_hf_module(module: nn.Module):
+    """Raise what :func:`gated_deltanet_from_hf` raises for ``module`` without building
+    anything; return the function that forms its fused input projection."""
     name = type(module).__name__
     if name in QWEN3_NEXT_CLASSES:
         in_proj = _qwen3_next_in_proj
@@ -91,24 +114,7 @@ def gated_deltanet_from_hf(module: nn.Module, backend: str = "auto", chunk_size:
     if module.activation not in ("silu", "swish"):
         raise ValueError(f"{name} (layer {module.layer_idx}) uses activation "
                          f"{module.activation!r}; GatedDeltaNet implements SiLU only")
-
-    with torch.device("meta"):  # no throw-away allocation and init of the new weights
-        ours = GatedDeltaNet(
-            module.hidden_size, module.num_k_heads, module.num_v_heads,
-            head_k_dim=module.head_k_dim, head_v_dim=module.head_v_dim,
-            conv_size=module.conv_kernel_size, norm_eps=module.layer_norm_epsilon,
-            layer_idx=module.layer_idx, backend=backend, chunk_size=chunk_size,
-            solve_method=solve_method, solve_iters=solve_iters)
-    ref = module.out_proj.weight
-    ours.in_proj.weight = nn.Parameter(in_proj(module).detach(),
-                                       requires_grad=ref.requires_grad)
-    ours.conv1d.weight = module.conv1d.weight
-    ours.A_log = module.A_log
-    ours.dt_bias = module.dt_bias
-    ours.norm.weight = module.norm.weight
-    ours.out_proj.weight = module.out_proj.weight
-    ours.train(module.training)
-    return ours
+    return in_proj
 
 
 def swap_gated_deltanet(model: nn.Module, backend: str = "auto", chunk_size: int = 64,
@@ -129,13 +135,25 @@ def swap_gated_deltanet(model: nn.Module, backend: str = "auto", chunk_size: int
         ValueError from :func:`gated_deltanet_from_hf` (offloaded weights, biases, activation)
         or from :class:`GatedDeltaNet` (bad backend, chunk_size, …), before anything is replaced.
     """
-    targets = [(parent, child_name, child)
+    targets = [(parent, child_name)
                for parent in model.modules()
                for child_name, child in parent.named_children()
                if type(child).__name__ in QWEN3_NEXT_CLASSES + QWEN3_5_CLASSES]
-    replacements = [gated_deltanet_from_hf(child, backend, chunk_size, solve_method, solve_iters)
-                    for _, _, child in targets]
-    for (parent, child_name, _), ours in zip(targets, replacements):
+    # Everything that can raise runs before the first replacement: each module's checks, and
+    # one build (the options are the same for every module). Then one module at a time, so the
+    # fused input projection is copied once per layer and the original is freed as it is
+    # replaced: building all first held every layer's copy at once (~1.8 GB for the 80B).
+    for parent, child_name in targets:
+        _check_hf_module(getattr(parent, child_name))
+    pending = None
+    if targets:
+        parent, child_name = targets[0]
+        pending = gated_deltanet_from_hf(getattr(parent, child_name), backend, chunk_size,
+                                         solve_method, solve_iters)
+    for i, (parent, child_name) in enumerate(targets):
+        ours = pending if i == 0 else gated_deltanet_from_hf(
+            getattr(parent, child_name), backend, chunk_size, solve_method, solve_iters)
+        pending = None
         setattr(parent, child_name, ours)
     logger.debug("gdn_fused: swapped %d GatedDeltaNet modules (backend=%s, chunk_size=%d, "
                  "solve_method=%s)", len(targets), backend, chunk_size, solve_method)

@@ -9,6 +9,7 @@ from transformers import (Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, Qwen3_5MoeT
 
 from gdn_fused.layer import GatedDeltaNet
 from gdn_fused.models import load_swapped, swap_gated_deltanet
+from gdn_fused.models.swap import QWEN3_5_CLASSES
 
 VOCAB = 128
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
@@ -210,6 +211,36 @@ def test_swap_rejects_bad_arguments_before_replacing():
     with pytest.raises(ValueError, match="backend"):
         swap_gated_deltanet(hf, backend="fla")
     assert not any(isinstance(m, GatedDeltaNet) for m in hf.modules())
+
+
+def test_swap_checks_every_layer_before_replacing_any_and_frees_the_originals(monkeypatch):
+    """A bad last layer stops the swap before the first layer is replaced; a good swap leaves
+    no reference to the replaced modules (their input projections are freed layer by layer)."""
+    import gc
+    import weakref
+    hf = tiny_model("qwen3_5")
+    originals = [m for m in hf.modules() if type(m).__name__ in QWEN3_5_CLASSES]
+    assert len(originals) > 1
+    originals[-1].out_proj.bias = torch.nn.Parameter(torch.zeros(originals[-1].hidden_size))
+    with pytest.raises(ValueError, match="biases"):
+        swap_gated_deltanet(hf)
+    assert not any(isinstance(m, GatedDeltaNet) for m in hf.modules())
+    originals[-1].out_proj.bias = None
+    refs = [weakref.ref(m) for m in originals]
+    del originals
+    import gdn_fused.models.swap as swap_module
+    build, alive_at_build = swap_module.gated_deltanet_from_hf, []
+
+    def counting_build(module, *args):
+        alive_at_build.append(sum(r() is not None for r in refs))
+        return build(module, *args)
+
+    monkeypatch.setattr(swap_module, "gated_deltanet_from_hf", counting_build)
+    assert swap_gated_deltanet(hf) == len(refs)
+    # building layer i ≥ 1, the i layers before it are already freed (all at once: n each)
+    assert alive_at_build == [len(refs) - i for i in range(len(refs))]
+    gc.collect()
+    assert all(r() is None for r in refs)
 
 
 def test_swap_passes_solver_options_to_the_chunk_op(monkeypatch):
