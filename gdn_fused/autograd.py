@@ -15,6 +15,7 @@ form (:func:`gdn_fused.reference.chunk_gated_delta_rule_ref`) in fp32 under torc
 from __future__ import annotations
 
 import torch
+from torch.autograd import forward_ad
 
 from gdn_fused.reference import chunk_gated_delta_rule_ref, l2norm
 
@@ -36,8 +37,8 @@ def backward_by_recompute(q, k, v, g, beta, scale, initial_state, do, dht, cu_se
                           chunk_size, needs=(True,) * 6):
     """Reference gradients: torch autograd through the chunked form recomputed in fp32.
 
-    Same arguments as :func:`gdn_fused.kernels.chunk_bwd.chunk_gated_delta_rule_bwd` (plus
-    ``needs``: which of q, k, v, g, beta, initial_state want a gradient); returns
+    Same arguments as :func:`gdn_fused.kernels.chunk_bwd.chunk_gated_delta_rule_bwd` up to
+    chunk_size (plus ``needs``: which of q, k, v, g, beta, initial_state want a gradient); returns
     ``(dq, dk, dv, dg, dbeta, dh0)`` in the inputs' dtypes, None where not needed. Exact but
     slow (a Python loop over chunks); for tests and as a fallback to compare against."""
     inputs = (q, k, v, g, beta, initial_state)
@@ -97,7 +98,11 @@ def chunk_gated_delta_rule_triton(q, k, v, g, beta, scale, initial_state, output
         # one rounding policy (gdn_fused.reference.l2norm) in every path; autograd flows through
         q, k = l2norm(q), l2norm(k)
     inputs = (q, k, v, g, beta, initial_state)
-    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs):
+    needs_graph = torch.is_grad_enabled() and any(
+        x is not None and x.requires_grad for x in inputs)
+    # forward-mode AD (dual tensors do not set requires_grad) must meet the Function, which
+    # raises that it has no jvp, rather than lose the tangent
+    if needs_graph or forward_ad._current_level >= 0:
         o, ht = ChunkGatedDeltaRuleFunction.apply(q, k, v, g, beta, initial_state, scale,
                                                   output_final_state, cu_seqlens, chunk_size,
                                                   backend, solve_method, solve_iters,

@@ -14,10 +14,10 @@ log-decays. So each one is either honoured here, with the same meaning as in fla
   pre-activation, the write strength ``sigmoid(beta)`` or ``2·sigmoid(beta)``;
 - ``state_v_first`` (fla's deprecated name ``transpose_state_layout`` too, with fla's
   DeprecationWarning): initial and final states are ``[N, HV, V, K]``;
-- ``cu_seqlens_cpu``: cu_seqlens already on the host, as in fla: validated and used instead of
-  reading cu_seqlens (saves the call's one device-to-host copy);
-- ``chunk_indices``: fla's precomputed helper; ours are derived from the offsets, so it is
-  accepted and not read;
+- ``cu_seqlens_cpu``, ``chunk_indices``: fla's precomputed helpers; accepted and not read.
+  Ours are derived from ``cu_seqlens`` itself (one device-to-host read a call, forward and
+  backward together): a host copy that disagreed with the offsets the kernels read would
+  size their grids wrongly, and checking that it agrees costs the same read;
 - ``cp_context`` (context parallelism) and ``head_first=True``: not supported, ValueError;
 - any other keyword: TypeError naming it (fla would drop it silently; a misspelt
   ``output_final_states=True`` would then return no state).
@@ -36,8 +36,8 @@ import torch
 from gdn_fused.gates import gdn_beta, gdn_decay
 from gdn_fused.validation import as_flag
 
-# fla's precomputed helper: consistent with cu_seqlens by contract, and ours is derived from it
-UNREAD = ("chunk_indices",)
+# fla's precomputed helpers: ours are derived from cu_seqlens itself (see the module docstring)
+UNREAD = ("cu_seqlens_cpu", "chunk_indices")
 
 
 def _flag(kwargs: dict, name: str) -> bool:
@@ -54,7 +54,6 @@ class FlaOptions:
     dt_bias: torch.Tensor | None = None
     use_beta_sigmoid_in_kernel: bool = False
     allow_neg_eigval: bool = False
-    cu_seqlens_cpu: torch.Tensor | None = None
 
     def state_in(self, initial_state):
         """initial_state as the op takes it, ``[N, HV, K, V]`` (a transposed view with
@@ -119,7 +118,6 @@ def parse_fla_options(kwargs: dict, op: str) -> FlaOptions:
     A_log, dt_bias = kwargs.pop("A_log", None), kwargs.pop("dt_bias", None)
     use_sigmoid = _flag(kwargs, "use_beta_sigmoid_in_kernel")
     neg_eigval = _flag(kwargs, "allow_neg_eigval")
-    cu_seqlens_cpu = kwargs.pop("cu_seqlens_cpu", None)  # validated with cu_seqlens
     for name in UNREAD:
         kwargs.pop(name, None)
     if kwargs:
@@ -130,5 +128,4 @@ def parse_fla_options(kwargs: dict, op: str) -> FlaOptions:
         raise ValueError("allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True")
     if not use_gate:  # fla reads them only with use_gate_in_kernel
         A_log = dt_bias = None
-    return FlaOptions(state_v_first, use_gate, A_log, dt_bias, use_sigmoid, neg_eigval,
-                      cu_seqlens_cpu)
+    return FlaOptions(state_v_first, use_gate, A_log, dt_bias, use_sigmoid, neg_eigval)

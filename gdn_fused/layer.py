@@ -300,10 +300,8 @@ class GatedDeltaNet(nn.Module):
         cu_seqlens = kwargs.get("cu_seqlens")
         if cu_seqlens is None:
             cu_seqlens = kwargs.get("cu_seq_lens_q")
-        cu_seqlens_cpu = None
         if cu_seqlens is not None:  # before the conv, which reads the offsets
-            # the host copy goes to the op (fla's cu_seqlens_cpu): one read per layer call
-            _, cu_seqlens_cpu = check_cu_seqlens(cu_seqlens, B, T, hidden_states.device)
+            check_cu_seqlens(cu_seqlens, B, T, hidden_states.device)
         layer_cache = as_layer_cache(cache)
         if layer_cache is not None:
             if self.layer_idx is None:
@@ -343,8 +341,7 @@ class GatedDeltaNet(nn.Module):
             beta = beta * keep[..., None]
 
         o, final_state = self._mix(q.contiguous(), k.contiguous(), v.contiguous(), g, beta,
-                                   initial_state, layer_cache is not None, cu_seqlens,
-                                   cu_seqlens_cpu)
+                                   initial_state, layer_cache is not None, cu_seqlens)
         if layer_cache is not None:
             layer_cache.update_recurrent(self.layer_idx, final_state)
         if keep is not None:
@@ -374,8 +371,7 @@ class GatedDeltaNet(nn.Module):
         """The recurrent op's backend matching the chunk op's: torch, auto, or Triton."""
         return self.backend if self.backend in ("torch", "auto") else "triton"
 
-    def _mix(self, q, k, v, g, beta, initial_state, output_final_state, cu_seqlens,
-             cu_seqlens_cpu=None):
+    def _mix(self, q, k, v, g, beta, initial_state, output_final_state, cu_seqlens):
         """The GDN core: recurrent op for short continuations outside autograd, else chunk op."""
         decode = (initial_state is not None and q.shape[1] <= RECURRENT_MAX_TOKENS
                   and not torch.is_grad_enabled())
@@ -387,5 +383,4 @@ class GatedDeltaNet(nn.Module):
             q, k, v, g, beta, initial_state=initial_state,
             output_final_state=output_final_state, cu_seqlens=cu_seqlens,
             use_qk_l2norm_in_kernel=True, chunk_size=self.chunk_size, backend=self.backend,
-            solve_method=self.solve_method, solve_iters=self.solve_iters,
-            cu_seqlens_cpu=cu_seqlens_cpu)
+            solve_method=self.solve_method, solve_iters=self.solve_iters)

@@ -91,10 +91,9 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
             refinement of its block inverses, on every backend).
         **kwargs: fla 0.6.0's options — ``use_gate_in_kernel`` (+ ``A_log``, ``dt_bias``),
             ``use_beta_sigmoid_in_kernel``, ``allow_neg_eigval``, ``state_v_first``, with fla's
-            meaning; ``cu_seqlens_cpu`` (cu_seqlens on the host: used instead of reading
-            cu_seqlens, whose one host read otherwise serves forward and backward);
-            ``chunk_indices`` accepted and not read (see :mod:`gdn_fused.fla_options`). Any
-            other keyword raises TypeError.
+            meaning; ``cu_seqlens_cpu`` and ``chunk_indices`` accepted and not read (cu_seqlens
+            is read to the host once a call, for forward and backward; see
+            :mod:`gdn_fused.fla_options`). Any other keyword raises TypeError.
 
     Returns:
         ``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] fp32 — fp64 on the torch
@@ -111,7 +110,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
     fla = parse_fla_options(kwargs, "chunk_gated_delta_rule")
     initial_state = fla.state_in(initial_state)
     _, cu_seqlens_cpu = check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, backend,
-                                     fla.state_v_first, fla.cu_seqlens_cpu)
+                                     fla.state_v_first)
     chunk_size = as_chunk_size(chunk_size)
     scale = as_scale(scale, q.shape[-1])
     output_final_state = as_flag("output_final_state", output_final_state)
@@ -179,8 +178,7 @@ def fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=Non
     if g is None and isinstance(v, torch.Tensor):
         g = v.new_zeros(v.shape[:3], dtype=torch.float32)
     initial_state = fla.state_in(initial_state)
-    check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, "auto", fla.state_v_first,
-                 fla.cu_seqlens_cpu)
+    check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, "auto", fla.state_v_first)
     scale = as_scale(scale, q.shape[-1])
     output_final_state = as_flag("output_final_state", output_final_state)
     use_qk_l2norm_in_kernel = as_flag("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel)

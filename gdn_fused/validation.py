@@ -76,8 +76,7 @@ def as_scale(scale, head_dim: int) -> float:
     return scale
 
 
-def check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, backend, state_v_first=False,
-                 cu_seqlens_cpu=None):
+def check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, backend, state_v_first=False):
     """Validate the functional API's arguments (shapes as in :mod:`gdn_fused.ops`).
 
     initial_state is taken as the op uses it, ``[N, HV, K, V]``; with ``state_v_first`` the
@@ -119,7 +118,7 @@ def check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, backend, state_v_f
 
     N, cu_host = B, None
     if cu_seqlens is not None:
-        N, cu_host = check_cu_seqlens(cu_seqlens, B, T, q.device, cu_seqlens_cpu)
+        N, cu_host = check_cu_seqlens(cu_seqlens, B, T, q.device)
     if initial_state is not None:
         _tensor("initial_state", initial_state)
         if initial_state.device != q.device:
@@ -135,14 +134,14 @@ def check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, backend, state_v_f
     return N, cu_host
 
 
-def check_cu_seqlens(cu_seqlens, B: int, T: int, device: torch.device,
-                     cu_seqlens_cpu=None) -> tuple[int, torch.Tensor]:
+def check_cu_seqlens(cu_seqlens, B: int, T: int,
+                     device: torch.device) -> tuple[int, torch.Tensor]:
     """Validate packed-sequence offsets ``[N+1]`` for an input of batch B and length T on
-    ``device``; returns ``(N, the offsets on the host)``. The host copy is what the launchers
-    size their grids from, so one read serves the whole call (forward and backward).
-    ``cu_seqlens_cpu`` (fla's keyword): the same offsets already on the host, validated and
-    used instead of reading cu_seqlens — by contract equal to it, as in fla (not compared,
-    which would be the read it saves). Raises TypeError / ValueError naming the argument."""
+    ``device``; returns ``(N, the offsets on the host)``. The launchers size their grids from
+    that copy, so one read serves the whole call (forward and backward); it is read from
+    cu_seqlens itself — the offsets the kernels read — never taken from a caller's host copy,
+    which a mismatch would turn into out-of-bounds launches. Raises TypeError / ValueError
+    naming cu_seqlens."""
     if not isinstance(cu_seqlens, torch.Tensor):
         raise TypeError(f"cu_seqlens must be a torch.Tensor, got {type(cu_seqlens).__name__}")
     if cu_seqlens.dtype not in (torch.int32, torch.int64):
@@ -155,28 +154,17 @@ def check_cu_seqlens(cu_seqlens, B: int, T: int, device: torch.device,
                          f"{tuple(cu_seqlens.shape)}")
     if B != 1:
         raise ValueError(f"cu_seqlens needs packed input with B == 1, got B={B}")
-    name = "cu_seqlens"
-    if cu_seqlens_cpu is None:
-        cu = cu_seqlens.detach().cpu()  # the call's one host read (not under graphs)
-    else:
-        if not isinstance(cu_seqlens_cpu, torch.Tensor) or cu_seqlens_cpu.dtype not in (
-                torch.int32, torch.int64):
-            raise TypeError("cu_seqlens_cpu must be an int32/int64 torch.Tensor, got "
-                            f"{getattr(cu_seqlens_cpu, 'dtype', type(cu_seqlens_cpu).__name__)}")
-        if cu_seqlens_cpu.device.type != "cpu" or cu_seqlens_cpu.shape != cu_seqlens.shape:
-            raise ValueError("cu_seqlens_cpu must be cu_seqlens on the CPU, shape "
-                             f"{tuple(cu_seqlens.shape)}; got shape "
-                             f"{tuple(cu_seqlens_cpu.shape)} on {cu_seqlens_cpu.device}")
-        cu = cu_seqlens_cpu
-        name = "cu_seqlens_cpu"
+    # the call's one host read (not under graphs); a copy even on the CPU, so the backward
+    # sizes its grids from the offsets of the forward
+    cu = cu_seqlens.detach().cpu().clone()
     if int(cu[0]) != 0:
-        raise ValueError(f"{name} must start at 0, got {int(cu[0])}")
+        raise ValueError(f"cu_seqlens must start at 0, got {int(cu[0])}")
     if bool((cu[1:] < cu[:-1]).any()):
-        raise ValueError(f"{name} must be non-decreasing (empty segments are allowed)")
+        raise ValueError("cu_seqlens must be non-decreasing (empty segments are allowed)")
     if int(cu[-1]) > T:
         # A buffer longer than cu_seqlens[-1] is legal (its tail gets o = 0); one shorter
         # would make the kernels read past the end.
-        raise ValueError(f"{name}[-1]={int(cu[-1])} exceeds the packed length T={T}")
+        raise ValueError(f"cu_seqlens[-1]={int(cu[-1])} exceeds the packed length T={T}")
     return cu_seqlens.numel() - 1, cu
 
 

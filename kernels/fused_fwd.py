@@ -406,7 +406,8 @@ def _fused_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
                   output_final_state: bool, cu_seqlens: Optional[torch.Tensor],
                   chunk_size: int, num_segments: int, precompute_inverse: bool,
                   block_v: int, num_warps: int, num_stages: int,
-                  cu_seqlens_cpu: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+                  cu_seqlens_cpu: Optional[torch.Tensor] = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     from gdn_fused.kernels import fused_split  # builds on this module's chunk helpers
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -462,7 +463,7 @@ def precomputed_inverse(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, HV
 
 @_fused_fwd_op.register_fake
 def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_size,
-      num_segments, precompute_inverse, block_v, num_warps, num_stages, cu_seqlens_cpu):
+      num_segments, precompute_inverse, block_v, num_warps, num_stages, cu_seqlens_cpu=None):
     B, T, _, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
