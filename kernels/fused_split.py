@@ -20,6 +20,7 @@ gate product — so heads with g = 0 (no decay, M far from 0) are as exact as de
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional
 
@@ -113,6 +114,7 @@ def segment_maps(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.
     return maps
 
 
+@functools.lru_cache(maxsize=256)  # a pure function of the shape, evaluated on every call
 def choose_num_segments(N: int, HV: int, K: int, V: int, BV: int, mean_len: float,
                         chunk_size: int, sms: int) -> int:
     """Segments per sequence for the fused forward, from the shape alone (deterministic, no
