@@ -14,9 +14,9 @@ arXiv:2412.06464, §3.3)::
     S ← exp(G_C) S + Kᵀ (D_exp(G_C − G) V')
 
 Only o and the final state are written to HBM, except that by default (PRECOMPUTE_INVERSE)
-each chunk's T is first computed by a chunk-parallel launch and read here, which takes the
-inverse off the sequential chunk loop for a B·T·HV·C fp32 scratch tensor. Long sequences with few heads can be cut into
-segments run side by side (:mod:`gdn_fused.kernels.fused_split`): one extra launch summarises
+each chunk's T is first computed by chunk-parallel launches and read here, which takes the
+inverse off the sequential chunk loop at the cost of fp32 scratch A and T (B·T·HV·C each).
+Long sequences with few heads can be cut into segments run side by side (:mod:`gdn_fused.kernels.fused_split`): one extra launch summarises
 each segment's affine state map, and each program here first composes its exact entering state.
 
 Numerics. Every exponent is ≤ 0 for g ≤ 0: Γ is formed from differences G_i − G_j with the
@@ -55,8 +55,8 @@ BLOCK_V = 64
 NUM_WARPS = 8
 # Invert each chunk in a chunk-parallel launch before the fused one and read T there (the
 # structure of FlashQLA's forward, ../shared/anchors.md), rather than on the chunk loop, where
-# the inverse's dependency chain measured ~20 µs a chunk step on the H200 (fused 5.78 ms at
-# B=8, T=4096 against materialized 1.67). The bench times both (eval.bench --sweep).
+# the inverse's dependency chain measured ~20 µs a chunk step on the H200: B=8, T=4096 went
+# 5.78 → 2.89 ms, B=1, T=32768 11.56 → 4.17 ms (eval.bench, docs/speed_log.md).
 PRECOMPUTE_INVERSE = True
 IEEE = tl.constexpr("ieee")  # exact for fp32 operands; 16-bit operands use tensor cores anyway
 
@@ -373,8 +373,7 @@ def launch_config(V: int, block_v: int = 0, num_warps: int = 0,
                   num_stages: int = 0) -> tuple[int, dict]:
     """(BV, launch options) of both fused launches, fixed by the shape (no autotuning, so CUDA
     graph capture sees one plan): BLOCK_V value columns per program and NUM_WARPS warps, the
-    setting with the fewest register spills on sm_90 for K = V = 128;
-    one stage, because the chunk loop's loads feed register math before any product and a
+    one launch verified on the H200 (see BLOCK_V for the miscompiled alternative); one stage, because the chunk loop's loads feed register math before any product and a
     deeper software pipeline prefetches nothing (same shared memory at 2 stages on sm_90).
     block_v, num_warps, num_stages: nonzero values override the defaults (launch sweeps,
     eval.bench; with T read from HBM, 2 stages let Triton prefetch the next chunk's tiles)."""
@@ -479,7 +478,8 @@ def fused_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
               precompute_inverse: Optional[bool] = None, block_v: Optional[int] = None,
               num_warps: Optional[int] = None, num_stages: Optional[int] = None,
               cu_seqlens_cpu: Optional[torch.Tensor] = None):
-    """Chunkwise Gated DeltaNet forward in one fused Triton launch (design card §Chunkwise form).
+    """Chunkwise Gated DeltaNet forward, the whole chunk recurrence in one fused Triton launch
+    (design card §Chunkwise form), after the chunk-parallel inverse (``precompute_inverse``).
 
     Inputs are taken as validated by :func:`gdn_fused.validation.check_inputs` (q and k already
     L2-normalised if that was asked for) and supported by :func:`unsupported_reason`.

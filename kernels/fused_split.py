@@ -94,7 +94,8 @@ def segment_maps(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.
     float dtype with one layout, Ai [B, T, HV, C] fp32 (each chunk's inverse, read instead of
     recomputed) or None, cu_seqlens [N+1] or None. Segment s covers chunks
     [s·P, (s+1)·P) of its sequence, P = ceil(chunks / NS). BV (capped to divide K),
-    state_precision and the launch options are the fused launch's (:func:`gdn_fused.kernels.fused_fwd.launch_config`,
+    state_precision and the launch options are the fused launch's
+    (:func:`gdn_fused.kernels.fused_fwd.launch_config`,
     :func:`~gdn_fused.kernels.fused_fwd.dot_precisions`), so both round alike.
 
     Returns seg_maps [N, HV, NS−1, K, K+V] fp32 with S_out = seg_maps[..., :K] @ S_in +

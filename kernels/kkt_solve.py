@@ -325,7 +325,8 @@ def kkt_solve(A, output_dtype=torch.float32, cu_seqlens=None, chunk_indices=None
 
     solve_method: "blocked" (default), "mxr" or "newton_schulz" (``solve_iters`` steps, default
     2·log2(C) + 2). num_warps: default NUM_WARPS[solve_method]; maxnreg: a register cap per
-    thread for ptxas (default MAXNREG_FROM_A for blocked at its default warps) and prefetch: load the coupling blocks before the diagonal inversion
+    thread for ptxas (default MAXNREG_FROM_A for blocked at its default warps) and prefetch:
+    load the coupling blocks before the diagonal inversion
     (launch sweeps only, see REGISTER_FOOTPRINT). Raises ValueError for another chunk size or
     method."""
     B, T, HV, C = A.shape
