@@ -139,6 +139,9 @@ def bench_kkt_solve(bandwidth, solve_tril, B=8, T=4096):
     row["floor_us"] = bytes_ / bandwidth * 1e6
     ms = triton.testing.do_bench(lambda: kkt_solve(A, torch.bfloat16), return_mode="median")
     row["ours_us"] = ms * 1e3
+    # the tl kernel beside the default (kernels/kkt_solve.py GLUON_SOLVE)
+    row["tl_us"] = 1e3 * triton.testing.do_bench(
+        lambda: kkt_solve(A, torch.bfloat16, kernel="triton"), return_mode="median")
     row["ours_frac_bw"] = row["floor_us"] / row["ours_us"]
     if solve_tril is not None:
         ms = triton.testing.do_bench(lambda: solve_tril(A, output_dtype=torch.bfloat16),
@@ -362,7 +365,7 @@ def sweep_fused(shapes):
 
 
 def sweep_kkt_solve(bandwidth, B=8, T=4096):
-    """kkt_solve launch variants (diagonal-block method × warps), fp32 A in, bf16 T out."""
+    """kkt_solve variants (the tl and the Gluon kernel, register caps), fp32 A in, bf16 T out."""
     import triton
     from gdn_fused.kernels.chunk_gate import chunk_cumsum
     from gdn_fused.kernels.kkt import chunk_kkt
@@ -370,31 +373,21 @@ def sweep_kkt_solve(bandwidth, B=8, T=4096):
     q, k, v, g, beta, _ = make_inputs(B, T)
     A = chunk_kkt(k, chunk_cumsum(g, CHUNK), beta, HV, CHUNK)
     floor_us = A.numel() * 6 / bandwidth * 1e6
-    ref = kkt_solve(A, torch.float32)
+    ref = kkt_solve(A, torch.float32, kernel="triton")
     rows = []
     # Measured 2026-11-29 and settled (kernels/kkt_solve.py): substitution beats doubling, 1
     # warp beats 2-8, 3×TF32 beats exact fp32 products, prefetching the coupling blocks does
-    # not pay. Open: the register cap around the measured 168 (255 = uncapped).
-    variants = [dict(num_warps=1, maxnreg=r) for r in (152, 168, 184, 200, 255)]
-    # mxr: the diagonal blocks by three squarings (six products) instead of 14 substitution
-    # steps of row reductions — fewer instructions if the products' layout changes are cheap
-    variants += [dict(solve_method="mxr", num_warps=1, maxnreg=r) for r in (168, 255)]
+    # not pay, the register cap 168; mxr 387 µs. The Gluon kernel (kernels/gluon_kkt_solve.py)
+    # beside it, with register caps under the 108 ptxas picks for sm_90a (no spills); its
+    # program order is settled (heads fastest 131.8 µs, chunks fastest 149.4).
+    variants = [dict(kernel="triton"), dict(kernel="gluon")]
+    variants += [dict(kernel="gluon", maxnreg=r) for r in (112, 80)]
     for kw in variants:
         err = (kkt_solve(A, torch.float32, **kw) - ref).abs().max().item()
         us = 1e3 * triton.testing.do_bench(lambda: kkt_solve(A, torch.bfloat16, **kw),
                                            return_mode="median")
         rows.append(dict(kw, us=us, frac_bw=floor_us / us, diff=err))
         print(rows[-1], flush=True)
-    from gdn_fused.kernels.kkt_solve import kkt_solve_from_k
-    G = chunk_cumsum(g, CHUNK)
-    ref_k = kkt_solve_from_k(k, G, beta, HV, CHUNK, torch.float32)
-    for kw in [dict(num_warps=1, maxnreg=r) for r in (168, 184, 200, 255)] + \
-            [dict(num_warps=2, maxnreg=r) for r in (168, 255)]:
-        err = (kkt_solve_from_k(k, G, beta, HV, CHUNK, torch.float32, **kw) - ref_k).abs().max()
-        us = 1e3 * triton.testing.do_bench(
-            lambda: kkt_solve_from_k(k, G, beta, HV, CHUNK, torch.bfloat16, **kw),
-            return_mode="median")
-        print(dict(kw, variant="from_k", us=us, diff=err.item()), flush=True)
     return rows
 
 

@@ -85,7 +85,11 @@ def compile_report(fn, signature: dict, constexprs: dict, arch: int = 90, **opti
     source = ASTSource
     if type(fn).__name__ == "GluonJITFunction":
         from triton.experimental.gluon._runtime import GluonASTSource as source
-    compiled = triton.compile(source(fn, sig, constexprs=consts),
+    # pointers 16-byte aligned, as a launch specialises them for torch's allocations: without
+    # the hint loads and stores are not vectorised and the report would not match the GPU's
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items()
+             if t.startswith("*")}
+    compiled = triton.compile(source(fn, sig, constexprs=consts, attrs=attrs),
                               target=GPUTarget("cuda", arch, 32), options=options)
     ptx = compiled.asm["ptx"]
     gpu_name = f"sm_{arch}a" if arch == 90 else f"sm_{arch}"
@@ -121,6 +125,13 @@ def _kkt_solve(build: bool, method: str = "blocked", iters: int = 0):
                   BK=128 if build else 16, IS_VARLEN=False, BUILD=build, METHOD=method,
                   NS_ITERS=iters, DOT_PREC=DOT_PRECISION, DIAG="substitution")
     return kkt_solve_kernel, sig, consts
+
+
+def _gluon_kkt_solve():
+    from gdn_fused.kernels.gluon_kkt_solve import kkt_solve_gluon_kernel
+    sig = {"A": "*fp32", "Ai": "*bf16", "cu_seqlens": "*i32", "chunk_indices": "*i32",
+           "T": "i32", "NBH": "i32"}
+    return kkt_solve_gluon_kernel, sig, dict(HV=32, IS_VARLEN=False)
 
 
 def _fused_fwd(num_segments: int = 1, load_t: bool = True):
@@ -191,6 +202,7 @@ def _kernels() -> dict:
         "kkt_solve blocked (A in)": (lambda: _kkt_solve(False), dict(num_warps=NUM_WARPS["blocked"],
                                                                      maxnreg=MAXNREG_FROM_A)),
         "kkt_solve blocked (from k)": (lambda: _kkt_solve(True), dict(num_warps=NUM_WARPS["blocked"])),
+        "kkt_solve gluon (A in)": (_gluon_kkt_solve, dict(num_warps=1)),
         "kkt_solve newton_schulz:12 (from k)": (lambda: _kkt_solve(True, "newton_schulz", 12),
                                                 dict(num_warps=NUM_WARPS["newton_schulz"])),
         "fused forward (T read)": (lambda: _fused_fwd(1), launch_config(128)[1]),

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from gdn_fused.kernels.chunk_gate import chunk_log_decay, gated_decay
-from gdn_fused.kernels.chunk_index import chunk_head_program
+from gdn_fused.kernels.chunk_index import chunk_head_grid, chunk_head_program
 
 
 @triton.jit
@@ -19,7 +19,7 @@ def chunk_bwd_dv_local_kernel(q, k, g, do, dv, cu_seqlens, chunk_indices, scale,
                               V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                               BV: tl.constexpr, IS_VARLEN: tl.constexpr,
                               DOT_PREC: tl.constexpr):
-    i_t, i_hv, i_h, bos, seqlen = chunk_head_program(T, cu_seqlens, chunk_indices, H, HV,
+    i_t, i_hv, i_h, bos, seqlen = chunk_head_program(T, cu_seqlens, chunk_indices, H, HV, BT,
                                                      IS_VARLEN)
     p_q = tl.make_block_ptr(q + (bos * H + i_h) * K, (seqlen, K), (H * K, 1), (i_t * BT, 0),
                             (BT, BK), (1, 0))
@@ -51,7 +51,7 @@ def chunk_bwd_dv_local(q, k, g, do, scale, chunk_size, cu_seqlens=None, chunk_in
     alloc = torch.zeros if cu_seqlens is not None else torch.empty
     dv = alloc(B, T, HV, V, dtype=torch.float32, device=q.device)
     NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, chunk_size)
-    chunk_bwd_dv_local_kernel[(NT, B * HV)](
+    chunk_bwd_dv_local_kernel[chunk_head_grid(NT, B, HV)](
         q, k, g, do, dv, cu_seqlens, chunk_indices, scale, T, H=H, HV=HV, K=K, V=V,
         BT=chunk_size, BK=max(16, triton.next_power_of_2(K)),
         BV=min(64, max(16, triton.next_power_of_2(V))), IS_VARLEN=cu_seqlens is not None,

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_fused.kernels.chunk_index import chunk_head_program
+from gdn_fused.kernels.chunk_index import chunk_head_grid, chunk_head_program
 
 
 @triton.jit
@@ -49,7 +49,7 @@ def decay(b_D, valid):
 @triton.jit
 def chunk_cumsum_kernel(g, G, cu_seqlens, chunk_indices, T, HV: tl.constexpr, BT: tl.constexpr,
                         IS_VARLEN: tl.constexpr):
-    i_t, i_hv, _, bos, seqlen = chunk_head_program(T, cu_seqlens, chunk_indices, HV, HV,
+    i_t, i_hv, _, bos, seqlen = chunk_head_program(T, cu_seqlens, chunk_indices, HV, HV, BT,
                                                    IS_VARLEN)
     p_G = tl.make_block_ptr(G + bos * HV + i_hv, (seqlen,), (HV,), (i_t * BT,), (BT,), (0,))
     tl.store(p_G, chunk_log_decay(g, bos, i_t, seqlen, i_hv, HV, BT), boundary_check=(0,))
@@ -60,6 +60,6 @@ def chunk_cumsum(g, chunk_size, cu_seqlens=None, chunk_indices=None, num_chunks=
     B, T, HV = g.shape
     G = torch.empty(B, T, HV, dtype=torch.float64, device=g.device)
     NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, chunk_size)
-    chunk_cumsum_kernel[(NT, B * HV)](g, G, cu_seqlens, chunk_indices, T, HV=HV, BT=chunk_size,
+    chunk_cumsum_kernel[chunk_head_grid(NT, B, HV)](g, G, cu_seqlens, chunk_indices, T, HV=HV, BT=chunk_size,
                                       IS_VARLEN=cu_seqlens is not None)
     return G

@@ -4,14 +4,14 @@ import triton
 import triton.language as tl
 
 from gdn_fused.kernels.chunk_gate import gated_decay
-from gdn_fused.kernels.chunk_index import chunk_head_program
+from gdn_fused.kernels.chunk_index import chunk_head_grid, chunk_head_program
 
 
 @triton.jit
 def chunk_kkt_kernel(k, G, beta, A, cu_seqlens, chunk_indices, T, H: tl.constexpr,
                      HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                      IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr):
-    i_t, i_hv, i_h, bos, seqlen = chunk_head_program(T, cu_seqlens, chunk_indices, H, HV,
+    i_t, i_hv, i_h, bos, seqlen = chunk_head_program(T, cu_seqlens, chunk_indices, H, HV, BT,
                                                      IS_VARLEN)
     p_k = tl.make_block_ptr(k + (bos * H + i_h) * K, (seqlen, K), (H * K, 1), (i_t * BT, 0),
                             (BT, BK), (1, 0))
@@ -41,7 +41,7 @@ def chunk_kkt(k, G, beta, num_value_heads, chunk_size, cu_seqlens=None, chunk_in
     HV = num_value_heads
     A = torch.empty(B, T, HV, chunk_size, dtype=torch.float32, device=k.device)
     NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, chunk_size)
-    chunk_kkt_kernel[(NT, B * HV)](k, G, beta, A, cu_seqlens, chunk_indices, T, H=H, HV=HV, K=K,
+    chunk_kkt_kernel[chunk_head_grid(NT, B, HV)](k, G, beta, A, cu_seqlens, chunk_indices, T, H=H, HV=HV, K=K,
                                    BT=chunk_size, BK=max(16, triton.next_power_of_2(K)),
                                    IS_VARLEN=cu_seqlens is not None,
                                    DOT_PREC=dot_precision(k.dtype))

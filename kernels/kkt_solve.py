@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_fused.kernels.chunk_index import chunk_head_program
+from gdn_fused.kernels.chunk_index import chunk_head_grid, chunk_head_program
 from gdn_fused.kernels.chunk_gate import gated_decay
 
 BLOCK = 16  # base block: the smallest tl.dot tile, and 15 substitution steps
@@ -191,7 +191,7 @@ def kkt_solve_kernel(A, k, G, beta, Ai, cu_seqlens, chunk_indices, T, H: tl.cons
                      IS_VARLEN: tl.constexpr, BUILD: tl.constexpr, METHOD: tl.constexpr,
                      NS_ITERS: tl.constexpr, DOT_PREC: tl.constexpr, DIAG: tl.constexpr,
                      PREFETCH: tl.constexpr = False):
-    i_t, i_hv, i_h, bos, seqlen = chunk_head_program(T, cu_seqlens, chunk_indices, H, HV,
+    i_t, i_hv, i_h, bos, seqlen = chunk_head_program(T, cu_seqlens, chunk_indices, H, HV, BT,
                                                      IS_VARLEN)
     t_base = Ai + (bos * HV + i_hv) * BT
     S: tl.constexpr = HV * BT  # row stride of A and T
@@ -317,9 +317,26 @@ def _solve_args(solve_method, solve_iters, C):
     return iters
 
 
+# Which kernel runs kkt_solve's default (blocked, chunk 64, default launch) on a CUDA GPU of
+# sm_80 or later: the Gluon one (kernels/gluon_kkt_solve.py, explicit register layouts; H200,
+# B=8, T=4096, HV=32: 132 µs against this file's tl kernel's 223) or the tl one below, which
+# is also the interpreter's and every other case's.
+KERNELS = ("auto", "triton", "gluon")
+GLUON_SOLVE = True
+
+
+def _use_gluon(kernel, A, solve_method, launch_defaults):
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    if kernel != "auto":
+        return kernel == "gluon"
+    return (GLUON_SOLVE and A.is_cuda and A.shape[-1] == 64 and solve_method == "blocked"
+            and launch_defaults and torch.cuda.get_device_capability(A.device) >= (8, 0))
+
+
 def kkt_solve(A, output_dtype=torch.float32, cu_seqlens=None, chunk_indices=None,
               num_chunks=None, dot_precision=DOT_PRECISION, solve_method="blocked", solve_iters=None,
-              num_warps=None, diag="substitution", maxnreg=None, prefetch=False):
+              num_warps=None, diag="substitution", maxnreg=None, prefetch=False, kernel="auto"):
     """(I + A)⁻¹ per chunk. A: [B, T, HV, C] fp32 strictly lower (row t holds its chunk row;
     C in {16, 32, 64}); returns T of the same shape in ``output_dtype`` (fp32 or the input dtype).
 
@@ -327,15 +344,24 @@ def kkt_solve(A, output_dtype=torch.float32, cu_seqlens=None, chunk_indices=None
     2·log2(C) + 2). num_warps: default NUM_WARPS[solve_method]; maxnreg: a register cap per
     thread for ptxas (default MAXNREG_FROM_A for blocked at its default warps) and prefetch:
     load the coupling blocks before the diagonal inversion
-    (launch sweeps only, see REGISTER_FOOTPRINT). Raises ValueError for another chunk size or
-    method."""
+    (launch sweeps only, see REGISTER_FOOTPRINT). kernel: "auto" (the Gluon kernel where
+    GLUON_SOLVE and the case allow: CUDA sm_80+, blocked, C = 64, default dot precision and
+    launch), "triton" (the tl kernel) or "gluon" (C = 64, blocked; maxnreg applies). Raises
+    ValueError for another chunk size, method or kernel."""
     B, T, HV, C = A.shape
     if C not in (16, 32, 64):
         raise ValueError(f"chunk size (A.shape[-1]) must be 16, 32 or 64, got {C}")
     iters = _solve_args(solve_method, solve_iters, C)
+    launch_defaults = (dot_precision == DOT_PRECISION and num_warps is None and maxnreg is None
+                       and diag == "substitution" and not prefetch)
+    if _use_gluon(kernel, A, solve_method, launch_defaults):
+        if solve_method != "blocked":
+            raise ValueError(f"the Gluon kkt_solve runs the blocked method, got {solve_method!r}")
+        from gdn_fused.kernels.gluon_kkt_solve import kkt_solve_gluon
+        return kkt_solve_gluon(A, output_dtype, cu_seqlens, chunk_indices, num_chunks, maxnreg)
     Ai = torch.empty(B, T, HV, C, dtype=output_dtype, device=A.device)
     NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, C)
-    kkt_solve_kernel[(NT, B * HV)](A, None, None, None, Ai, cu_seqlens, chunk_indices, T, H=1,
+    kkt_solve_kernel[chunk_head_grid(NT, B, HV)](A, None, None, None, Ai, cu_seqlens, chunk_indices, T, H=1,
                                    HV=HV, K=16, BT=C, BK=16, IS_VARLEN=cu_seqlens is not None,
                                    BUILD=False, METHOD=solve_method, NS_ITERS=iters,
                                    DOT_PREC=dot_precision, DIAG=diag, PREFETCH=prefetch,
@@ -358,7 +384,7 @@ def kkt_solve_from_k(k, G, beta, num_value_heads, chunk_size, output_dtype=torch
     iters = _solve_args(solve_method, solve_iters, C)
     Ai = torch.empty(B, T, HV, C, dtype=output_dtype, device=k.device)
     NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, C)
-    kkt_solve_kernel[(NT, B * HV)](None, k, G, beta, Ai, cu_seqlens, chunk_indices, T, H=H,
+    kkt_solve_kernel[chunk_head_grid(NT, B, HV)](None, k, G, beta, Ai, cu_seqlens, chunk_indices, T, H=H,
                                    HV=HV, K=K, BT=C, BK=max(16, triton.next_power_of_2(K)),
                                    IS_VARLEN=cu_seqlens is not None, BUILD=True,
                                    METHOD=solve_method, NS_ITERS=iters, DOT_PREC=dot_precision,

@@ -3,7 +3,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_fused.kernels.chunk_index import chunk_head_program
+from gdn_fused.kernels.chunk_index import chunk_head_grid, chunk_head_program
 
 
 @triton.jit
@@ -11,7 +11,7 @@ def wu_kernel(k, v, G, beta, Ai, w, u, cu_seqlens, chunk_indices, T, H: tl.const
               HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
               BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr,
               DOT_PREC: tl.constexpr):
-    i_t, i_hv, i_h, bos, seqlen = chunk_head_program(T, cu_seqlens, chunk_indices, H, HV,
+    i_t, i_hv, i_h, bos, seqlen = chunk_head_program(T, cu_seqlens, chunk_indices, H, HV, BT,
                                                      IS_VARLEN)
     p_T = tl.make_block_ptr(Ai + (bos * HV + i_hv) * BT, (seqlen, BT), (HV * BT, 1),
                             (i_t * BT, 0), (BT, BT), (1, 0))
@@ -48,7 +48,7 @@ def recompute_w_u(k, v, G, beta, Ai, cu_seqlens=None, chunk_indices=None, num_ch
     w = torch.empty(B, T, HV, K, dtype=k.dtype, device=k.device)
     u = torch.empty_like(v)
     NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, C)
-    wu_kernel[(NT, B * HV)](k, v, G, beta, Ai, w, u, cu_seqlens, chunk_indices, T, H=H, HV=HV,
+    wu_kernel[chunk_head_grid(NT, B, HV)](k, v, G, beta, Ai, w, u, cu_seqlens, chunk_indices, T, H=H, HV=HV,
                             K=K, V=V, BT=C, BK=max(16, triton.next_power_of_2(K)),
                             BV=min(64, max(16, triton.next_power_of_2(V))),
                             IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision)

@@ -20,7 +20,7 @@ import triton.language as tl
 from gdn_fused.kernels.chunk_bwd_dqkwg import key_block
 from gdn_fused.kernels.chunk_gate import chunk_log_decay, decay
 from gdn_fused.kernels.chunk_gate_bwd import chunk_gate_bwd
-from gdn_fused.kernels.chunk_index import chunk_head_program
+from gdn_fused.kernels.chunk_index import chunk_head_grid, chunk_head_program
 from gdn_fused.kernels.kkt_bwd import gated_kkt_bwd_gates, gated_kkt_bwd_keys, kkt_solve_bwd
 
 
@@ -29,7 +29,7 @@ def wu_bwd_kernel(k, v, g, beta, Ai, dw, dv2, dk, dg_part, dv, dbeta, dg, cu_seq
                   chunk_indices, T, NK: tl.constexpr, H: tl.constexpr, HV: tl.constexpr,
                   K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                   BV: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr):
-    i_t, i_hv, i_h, bos, seqlen = chunk_head_program(T, cu_seqlens, chunk_indices, H, HV,
+    i_t, i_hv, i_h, bos, seqlen = chunk_head_program(T, cu_seqlens, chunk_indices, H, HV, BT,
                                                      IS_VARLEN)
     p_T = tl.make_block_ptr(Ai + (bos * HV + i_hv) * BT, (seqlen, BT), (HV * BT, 1),
                             (i_t * BT, 0), (BT, BT), (1, 0))
@@ -126,7 +126,7 @@ def wu_bwd(k, v, g, beta, Ai, dw, dv2, dk, dg_part, chunk_size, cu_seqlens=None,
     dbeta = alloc(beta.shape, dtype=beta.dtype, device=v.device)
     dg = alloc(beta.shape, dtype=g.dtype, device=v.device)
     NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, chunk_size)
-    wu_bwd_kernel[(NT, B * HV)](k, v, g, beta, Ai, dw, dv2, dk, dg_part, dv, dbeta, dg,
+    wu_bwd_kernel[chunk_head_grid(NT, B, HV)](k, v, g, beta, Ai, dw, dv2, dk, dg_part, dv, dbeta, dg,
                                 cu_seqlens, chunk_indices, T, NK=NK, H=H, HV=HV, K=K, V=V,
                                 BT=chunk_size, BK=BK,
                                 BV=min(64, max(16, triton.next_power_of_2(V))),

@@ -46,7 +46,7 @@ def test_prefetched_coupling_blocks_give_the_same_inverse(C, method):
     """prefetch only moves the coupling blocks' loads (a launch-sweep variant): same values."""
     k, G, beta, A = setup(C)
     assert torch.equal(kkt_solve(A, solve_method=method, prefetch=True),
-                       kkt_solve(A, solve_method=method))
+                       kkt_solve(A, solve_method=method, kernel="triton"))
     assert torch.equal(kkt_solve_from_k(k, G, beta, 2, C, solve_method=method, prefetch=True),
                        kkt_solve_from_k(k, G, beta, 2, C, solve_method=method))
 
@@ -120,3 +120,60 @@ def test_bad_solve_method():
         chunk_gated_delta_rule(q, k, v, g, b, backend="materialized", solve_method="mch")
     with pytest.raises(ValueError, match="solve_iters"):
         chunk_gated_delta_rule(q, k, v, g, b, backend="torch", solve_iters=-1)
+
+
+def test_kernel_choice():
+    """auto runs the tl kernel off CUDA (the interpreter); an unknown kernel or a method the
+    Gluon kernel lacks is refused before any launch."""
+    k, G, beta, A = setup(64)
+    assert torch.equal(kkt_solve(A), kkt_solve(A, kernel="triton"))
+    with pytest.raises(ValueError, match="kernel"):
+        kkt_solve(A, kernel="cuda")
+    with pytest.raises(ValueError, match="blocked"):
+        kkt_solve(A, solve_method="mxr", kernel="gluon")
+
+
+def _packed_with_empty_sequence(gate, device):
+    """A of three packed sequences (lengths 700, 0, 333: partial last chunks, an empty one)."""
+    from gdn_fused.kernels.chunk_index import chunk_layout
+    lens = [700, 0, 333]
+    cu = torch.tensor([0, 700, 700, 1033], dtype=torch.int32, device=device)
+    q, k, v, g, beta, _ = make_inputs(1, sum(lens), 4, 12, 128, 128, gate=gate, device=device)
+    _, _, idx = chunk_layout(cu, 1, 64)
+    G = chunk_cumsum(g, 64, **idx)
+    return chunk_kkt(k, G, beta, 12, 64, **idx), idx, lens
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gate", ["normal", "zero", "strong"])
+def test_gluon_kernel_against_fp64(gate):
+    """The Gluon kkt_solve (GPU only: Gluon has no interpreter) on dense input with a partial
+    last chunk and on packed input with an empty sequence, fp32 and bf16 out, against the fp64
+    inverse of every tile; and against the tl kernel."""
+    q, k, v, g, beta, _ = make_inputs(2, 1000, 4, 12, 128, 128, gate=gate, device="cuda")
+    G = chunk_cumsum(g, 64)
+    cases = [(chunk_kkt(k, G, beta, 12, 64), {}, None)]
+    cases.append(_packed_with_empty_sequence(gate, "cuda"))
+    for A, idx, lens in cases:
+        Ai = kkt_solve(A, kernel="gluon", **idx)
+        assert torch.equal(Ai, kkt_solve(A, **idx))  # auto picks it on this GPU
+        tl_Ai = kkt_solve(A, kernel="triton", **idx)
+        assert (Ai - tl_Ai).abs().max() <= 1e-6
+        bf = kkt_solve(A, torch.bfloat16, kernel="gluon", **idx)
+        # rounded to nearest at the store, as .to(bfloat16) rounds
+        assert ((bf.float() - Ai).abs() <= Ai.abs() * 2 ** -8 + 1e-38).all()  # + subnormals
+        tiles_A = chunk_tiles(A, 64) if lens is None else [
+            t for s, n in zip([0, 700, 700], lens) for t in chunk_tiles(A[:, s:s + n], 64)]
+        tiles_T = chunk_tiles(Ai, 64) if lens is None else [
+            t for s, n in zip([0, 700, 700], lens) for t in chunk_tiles(Ai[:, s:s + n], 64)]
+        worst = offdiag = 0.
+        for a, t in zip(tiles_A, tiles_T):
+            ref = torch.linalg.inv(torch.eye(a.shape[0], dtype=torch.float64, device="cuda")
+                                   + a.double())
+            worst = max(worst, (t.double() - ref).abs().max().item())
+            offdiag = max(offdiag, t.tril(-1).abs().max().item())
+            assert torch.equal(t.triu(1), torch.zeros_like(t))
+        print(f"gluon kkt_solve {gate} {'dense' if lens is None else 'packed'}: max abs {worst:.2e}")
+        assert worst <= 1e-6
+        # T far from I unless the decay is strong: agreeing with fp64 means something
+        assert offdiag > (0 if gate == "strong" else 0.1)

@@ -1,0 +1,273 @@
+"""kkt_solve on NVIDIA GPUs (sm_80 and later) in Gluon: the blocked method of kkt_solve.py with
+the register layouts chosen by hand, one warp a chunk-head tile.
+
+Same math and the same products as ``kkt_solve_kernel`` (blocked, chunk 64): the four 16 × 16
+diagonal blocks by forward substitution, side by side, then the six coupling blocks
+T_ij = −T_ii Σ_m A_im T_mj as 3×TF32 tensor-core products in the same order. What changes is
+where every value lives, which plain Triton does not let a kernel say:
+
+- **One memory latency a tile.** The ten blocks of A's lower triangle (10 KB fp32; the upper
+  six are never read) go into shared memory with coalesced 16-byte loads, all in flight at
+  once. Read from HBM at each substitution row, the rows were 15 dependent misses.
+- **Substitution with each column in one thread.** The stacked diagonal inverses are a
+  [block, column, row] tile in which a thread holds two whole columns (16 rows × 2, 32
+  registers). Row i of the inverse is e_i − Σ_m L_im T_m, so each thread updates its own
+  columns with in-register multiply-adds, given row i of L, read whole by each thread from
+  shared memory (the eight threads of a block read the same words: a broadcast). No shuffles,
+  no masked row extraction; Triton's own layout for the tl kernel spreads rows over lanes, and
+  each of its 14 steps pays a masked reduction and a cross-lane sum (1,624 of its 5,352 SASS
+  instructions a tile, sm_90a).
+- **3×TF32 split where each operand is used.** x = hi + lo with hi its TF32 truncation; a
+  product is lo·hi + hi·lo + hi·hi, three mma.sync TF32 instructions (mma_v2, 16 × 8 × 8) on one
+  accumulator. Operands come from shared memory straight into the mma operand layouts, and a
+  product that feeds the next converts its accumulator by shuffles. ``tl.dot("tf32x3")`` spends
+  ~1,750 instructions a tile on its splits; here the whole tile is 1,960 (sm_90a, 108
+  registers and no spills as launched at T = 4096, per ncu; the tl kernel 5,352 at 168).
+- **Heads fastest in the grid** (see :func:`_program`).
+
+Accuracy is the tl kernel's: the dropped lo·lo and the hardware's truncation of lo stay below
+2⁻²⁰ of each product term; measured 6e-8 max abs difference from the tl kernel and ≤ 2.8e-7
+max abs error against fp64 at g = 0 (tests/test_kkt_solve.py, H200).
+
+Why one warp a tile: the tiles share nothing, so the lever is tiles in flight per SM, set by
+registers (108 × 32 a tile: 16 tiles an SM) and shared memory (10 KB a tile: 17), and mma.sync
+works per warp (wgmma would need four warps and a 64-row M, three quarters zeros here).
+Measured on the H200 (eval.bench, B=8, T=4096, HV=32, 16,384 tiles, fp32 A in, bf16 T out):
+131.7 µs, 72 % of the 4.25 TB/s copy bandwidth over A read whole and T written, against
+223 µs for the tl kernel and 673 µs for fla 0.6.0's solve_tril in the same process.
+"""
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+from gdn_fused.kernels.gluon_wu import TF32_DROP, _sum
+
+BLOCK = gl.constexpr(16)  # diagonal block: the substitution's 15 rows, mma_v2's M
+NB = gl.constexpr(4)  # diagonal blocks of a chunk of 64
+CHUNK = 64
+NUM_WARPS = 1
+
+# the substitution's [block, column, row] tile: rows (dim 2) wholly in registers, 8 lanes × 2
+# columns span a block's 16 columns, 4 lanes the 4 blocks
+COLUMNS = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 2, 16], threads_per_warp=[4, 8, 1],
+                                        warps_per_cta=[1, 1, 1], order=[2, 1, 0]))
+# coalesced loads of [n, 16, 16] blocks: 16-byte vectors, a 64-byte block row per 4 lanes
+LOAD3 = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 1, 4], threads_per_warp=[1, 8, 4],
+                                      warps_per_cta=[1, 1, 1], order=[2, 1, 0]))
+FLAT = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+STACK = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0]))
+MMA = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1],
+                                             instr_shape=[16, 8]))
+# 32-bit operands: one element per 32 bits
+A_OP = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1))
+B_OP = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1))
+
+
+@gluon.jit
+def _program(T, NBH, cu_seqlens, chunk_indices, HV: gl.constexpr, IS_VARLEN: gl.constexpr):
+    """(chunk index in its sequence, value head, first token row (int64), sequence length) of
+    this program, as chunk_index.chunk_head_program but on a 1-D grid of chunks × NBH (= B·HV)
+    programs, heads fastest: the programs in flight then cover whole rows of A and T (all
+    heads of the same chunks, contiguous in memory) instead of one head's rows 8 KB apart.
+    Measured on the H200 (eval.bench --sweep kkt, B=8, T=4096, HV=32): 131.8 µs against
+    149.4 µs with the chunks-fastest grid of the tl kernels."""
+    i_bh, i_t = gl.program_id(0) % NBH, gl.program_id(0) // NBH
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    if IS_VARLEN:
+        i_n = gl.load(chunk_indices + i_t * 2).to(gl.int32)
+        i_t = gl.load(chunk_indices + i_t * 2 + 1).to(gl.int32)
+        bos = gl.load(cu_seqlens + i_n).to(gl.int64)
+        seqlen = (gl.load(cu_seqlens + i_n + 1).to(gl.int64) - bos).to(gl.int32)
+    else:
+        bos = i_b.to(gl.int64) * T
+        seqlen = T
+    return i_t, i_hv, bos, seqlen
+
+
+@gluon.jit
+def _split(x):
+    """(hi, lo) of a 3×TF32 operand: hi = x with its mantissa truncated to TF32's 10 bits
+    (exact in TF32), lo = x − hi (exact in fp32, |lo| < 2⁻¹⁰ |x|). Truncating instead of
+    rounding saves an add a split; the dropped lo·lo and the hardware's truncation of lo stay
+    below 2⁻²⁰ of each product term."""
+    hi = (x.to(gl.int32, bitcast=True) & TF32_DROP).to(gl.float32, bitcast=True)
+    return hi, x - hi
+
+
+@gluon.jit
+def _mma3(a, b, acc):
+    """acc + a·b, fp32-accurate from split operands: lo·hi + hi·lo + hi·hi on tensor cores."""
+    acc = mma_v2(a[1], b[0], acc, input_precision="tf32")
+    acc = mma_v2(a[0], b[1], acc, input_precision="tf32")
+    return mma_v2(a[0], b[0], acc, input_precision="tf32")
+
+
+@gluon.jit
+def _stack(smem, k0: gl.constexpr, n: gl.constexpr):
+    """Blocks k0 .. k0 + n − 1 of a [K · 16, 16] shared tile as a [n, 16, 16] view."""
+    return smem.slice(k0 * BLOCK, n * BLOCK, dim=0)._reinterpret(gl.float32, [n, BLOCK, BLOCK],
+                                                                 STACK)
+
+
+@gluon.jit
+def _load_blocks(a_tile, S, row0, seqlen, k0: gl.constexpr, n: gl.constexpr,
+                 diagonal: gl.constexpr):
+    """[n, 16, 16] blocks of the chunk's A, coalesced: the diagonal blocks k0 .. k0 + n − 1
+    (their strict lower part) or the coupling blocks k0 .. k0 + n − 1 in the order (1, 0),
+    (2, 0), (2, 1), (3, 0), (3, 1), (3, 2); rows past the sequence end read as 0."""
+    k = k0 + gl.arange(0, n, layout=gl.SliceLayout(1, gl.SliceLayout(2, LOAD3)))[:, None, None]
+    r = gl.arange(0, BLOCK, layout=gl.SliceLayout(0, gl.SliceLayout(2, LOAD3)))[None, :, None]
+    c = gl.arange(0, BLOCK, layout=gl.SliceLayout(0, gl.SliceLayout(1, LOAD3)))[None, None, :]
+    if diagonal:
+        ib = k
+        jb = k
+    else:
+        ib = 1 + (k >= 1).to(gl.int32) + (k >= 3).to(gl.int32)
+        jb = k - ib * (ib - 1) // 2
+    x = gl.load(a_tile + (ib * BLOCK + r) * S + jb * BLOCK + c,
+                mask=row0 + ib * BLOCK + r < seqlen, other=0.)
+    if diagonal:  # the strict lower part, selected after the load (16-byte loads)
+        x = gl.where(c < r, x, 0.)
+    return x
+
+
+@gluon.jit
+def _coupling_block(c_smem, k: gl.constexpr):
+    """Coupling block k (order of _load_blocks) as a split A operand."""
+    return _split(c_smem[k // 4].slice(k % 4 * BLOCK, BLOCK, dim=0).load(A_OP))
+
+
+@gluon.jit
+def _store(p_tile, row_stride, row0, seqlen, x, ib: gl.constexpr, jb: gl.constexpr):
+    """Block (ib, jb) of the output tile from x [16, 16] (any layout), or the NB diagonal
+    blocks from x [NB, 16, 16] (ib = jb = 0)."""
+    layout: gl.constexpr = x.type.layout
+    if len(x.shape) == 3:
+        b = gl.arange(0, NB, layout=gl.SliceLayout(1, gl.SliceLayout(2, layout)))[:, None, None]
+        r = gl.arange(0, BLOCK, layout=gl.SliceLayout(0, gl.SliceLayout(2, layout)))
+        c = gl.arange(0, BLOCK, layout=gl.SliceLayout(0, gl.SliceLayout(1, layout)))
+        rows = b * BLOCK + r[None, :, None]
+        p = p_tile + rows * row_stride + b * BLOCK + c[None, None, :]
+    else:
+        r = gl.arange(0, BLOCK, layout=gl.SliceLayout(1, layout))
+        c = gl.arange(0, BLOCK, layout=gl.SliceLayout(0, layout))
+        rows = ib * BLOCK + r[:, None]
+        p = p_tile + rows * row_stride + (jb * BLOCK + c)[None, :]
+    gl.store(p, x.to(p_tile.dtype.element_ty), mask=row0 + rows < seqlen)
+
+
+@gluon.jit
+def _diag_a(d_smem, b: gl.constexpr):
+    """Diagonal inverse b (rows 16b .. 16b + 15 of the shared tile) as a split A operand."""
+    return _split(d_smem.slice(b * BLOCK, BLOCK, dim=0).load(A_OP))
+
+
+@gluon.jit
+def _diag_b(d_smem, b: gl.constexpr):
+    """Diagonal inverse b as a split B operand."""
+    return _split(d_smem.slice(b * BLOCK, BLOCK, dim=0).load(B_OP))
+
+
+@gluon.jit
+def _as_b(x):
+    """A product's result (accumulator layout) as a split B operand."""
+    return _split(gl.convert_layout(x, B_OP))
+
+
+@gluon.jit
+def kkt_solve_gluon_kernel(A, Ai, cu_seqlens, chunk_indices, T, NBH, HV: gl.constexpr,
+                           IS_VARLEN: gl.constexpr):
+    BT: gl.constexpr = NB * BLOCK
+    i_t, i_hv, bos, seqlen = _program(T, NBH, cu_seqlens, chunk_indices, HV, IS_VARLEN)
+    S: gl.constexpr = HV * BT  # row stride of A and T
+    row0 = i_t * BT
+    a_tile = A + (bos * HV + i_hv) * BT + row0 * S
+    t_tile = Ai + (bos * HV + i_hv) * BT + row0 * S
+
+    # the ten blocks of A's lower triangle into shared memory first, all loads in flight at
+    # once: one memory latency a tile instead of one per substitution row and product
+    l_smem = gl.allocate_shared_memory(gl.float32, [NB * BLOCK, BLOCK], FLAT)
+    # (the six coupling blocks as 4 + 2: shared tiles have power-of-two shapes)
+    c_smem = (gl.allocate_shared_memory(gl.float32, [4 * BLOCK, BLOCK], FLAT),
+              gl.allocate_shared_memory(gl.float32, [2 * BLOCK, BLOCK], FLAT))
+    diag = _load_blocks(a_tile, S, row0, seqlen, 0, NB, True)
+    first = _load_blocks(a_tile, S, row0, seqlen, 0, 4, False)
+    rest = _load_blocks(a_tile, S, row0, seqlen, 4, 2, False)
+    _stack(l_smem, 0, NB).store(diag)
+    _stack(c_smem[0], 0, 4).store(first)
+    _stack(c_smem[1], 0, 2).store(rest)
+    gl.thread_barrier()
+
+    # diagonal blocks: T3[b, j, m] = (I + L_bb)⁻¹[m, j], row m by row, each thread its own two
+    # columns j
+    ob = gl.arange(0, NB, layout=gl.SliceLayout(1, gl.SliceLayout(2, COLUMNS)))[:, None, None]
+    oj = gl.arange(0, BLOCK, layout=gl.SliceLayout(0, gl.SliceLayout(2, COLUMNS)))[None, :, None]
+    om = gl.arange(0, BLOCK, layout=gl.SliceLayout(0, gl.SliceLayout(1, COLUMNS)))[None, None, :]
+    T3 = gl.where(oj == om, 1., gl.zeros([NB, BLOCK, BLOCK], gl.float32, COLUMNS))
+    l3 = _stack(l_smem, 0, NB)
+    for i in gl.static_range(1, BLOCK):
+        # row i of every block, whole in each thread: [NB, 1, 16]
+        L_i = l3.slice(i, 1, dim=1).load(COLUMNS)
+        row = (oj == i).to(gl.float32) - gl.expand_dims(_sum(L_i * T3, axis=2), 2)
+        T3 = gl.where(om == i, row, T3)
+    gl.thread_barrier()  # every row of L read before the inverses overwrite it
+    # the inverses through shared memory (transposed back to [b, row, column]), where each is
+    # read in the operand layouts it enters
+    d_smem = l_smem
+    l3.permute((0, 2, 1)).store(T3)
+    gl.thread_barrier()
+    # the diagonal blocks and the zero blocks above them go out in 16-byte rows
+    _store(t_tile, S, row0, seqlen, l3.load(LOAD3), 0, 0)
+    zero = gl.zeros([BLOCK, BLOCK], gl.float32, gl.SliceLayout(0, LOAD3))
+    for ib in gl.static_range(NB - 1):
+        for jb in gl.static_range(ib + 1, NB):
+            _store(t_tile, S, row0, seqlen, zero, ib, jb)
+    zero = gl.zeros([BLOCK, BLOCK], gl.float32, MMA)
+
+    # coupling blocks, Bunch–Hopcroft order as kkt_solve_kernel: first sub-diagonal, then the
+    # second and third reusing it. Every operand is loaded (shared memory, or A from L1/L2)
+    # and split where it is used, not held: registers per thread set the tiles in flight
+    T10 = -_mma3(_diag_a(d_smem, 1), _as_b(_mma3(_coupling_block(c_smem, 0),
+                                                _diag_b(d_smem, 0), zero)), zero)
+    _store(t_tile, S, row0, seqlen, T10, 1, 0)
+    T21 = -_mma3(_diag_a(d_smem, 2), _as_b(_mma3(_coupling_block(c_smem, 2),
+                                                _diag_b(d_smem, 1), zero)), zero)
+    _store(t_tile, S, row0, seqlen, T21, 2, 1)
+    T32 = -_mma3(_diag_a(d_smem, 3), _as_b(_mma3(_coupling_block(c_smem, 5),
+                                                _diag_b(d_smem, 2), zero)), zero)
+    _store(t_tile, S, row0, seqlen, T32, 3, 2)
+    T10_b = _as_b(T10)
+    P20 = _mma3(_coupling_block(c_smem, 1), _diag_b(d_smem, 0), zero)
+    P20 = _mma3(_coupling_block(c_smem, 2), T10_b, P20)
+    T20 = -_mma3(_diag_a(d_smem, 2), _as_b(P20), zero)
+    _store(t_tile, S, row0, seqlen, T20, 2, 0)
+    P31 = _mma3(_coupling_block(c_smem, 4), _diag_b(d_smem, 1), zero)
+    P31 = _mma3(_coupling_block(c_smem, 5), _as_b(T21), P31)
+    T31 = -_mma3(_diag_a(d_smem, 3), _as_b(P31), zero)
+    _store(t_tile, S, row0, seqlen, T31, 3, 1)
+    P30 = _mma3(_coupling_block(c_smem, 3), _diag_b(d_smem, 0), zero)
+    P30 = _mma3(_coupling_block(c_smem, 4), T10_b, P30)
+    P30 = _mma3(_coupling_block(c_smem, 5), _as_b(T20), P30)
+    T30 = -_mma3(_diag_a(d_smem, 3), _as_b(P30), zero)
+    _store(t_tile, S, row0, seqlen, T30, 3, 0)
+
+
+def kkt_solve_gluon(A, output_dtype=torch.float32, cu_seqlens=None, chunk_indices=None,
+                    num_chunks=None, maxnreg=None):
+    """(I + A)⁻¹ per chunk of 64 on a CUDA GPU (sm_80 or later): A [B, T, HV, 64] fp32,
+    strictly lower (only its strict lower part is read); returns T [B, T, HV, 64] in
+    ``output_dtype``. Packed sequences as kkt_solve (cu_seqlens, chunk_indices, num_chunks).
+    Same values as ``kkt_solve(A, output_dtype)`` up to fp32 rounding order (the tests bound
+    both against fp64). maxnreg: ptxas' register cap per thread (launch sweeps)."""
+    B, T, HV, C = A.shape
+    if C != CHUNK:
+        raise ValueError(f"kkt_solve_gluon: chunk size (A.shape[-1]) must be {CHUNK}, got {C}")
+    Ai = torch.empty(B, T, HV, C, dtype=output_dtype, device=A.device)
+    NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, C)
+    kkt_solve_gluon_kernel[(NT * B * HV,)](A, Ai, cu_seqlens, chunk_indices, T, B * HV, HV=HV,
+                                 IS_VARLEN=cu_seqlens is not None,
+                                 num_warps=NUM_WARPS,
+                                 **({} if maxnreg is None else {"maxnreg": maxnreg}))
+    return Ai
