@@ -35,7 +35,7 @@ def key_block(K: int) -> int:
 
 @triton.jit
 def chunk_bwd_dqkwg_kernel(q, k, v_new, h, dh, g, do, dv2, dq, dk, dw, dg, cu_seqlens,
-                           chunk_indices, chunk_offsets, scale, T, H: tl.constexpr,
+                           chunk_indices, chunk_offsets, scale, T, s_dg, H: tl.constexpr,
                            HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                            BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr,
                            DOT_PREC: tl.constexpr):
@@ -107,7 +107,7 @@ def chunk_bwd_dqkwg_kernel(q, k, v_new, h, dh, g, do, dv2, dq, dk, dw, dg, cu_se
                              (i_t * BT, i_k * BK), (BT, BK), (1, 0))
     p_dw = tl.make_block_ptr(dw + (bos * HV + i_hv) * K, (seqlen, K), (HV * K, 1),
                              (i_t * BT, i_k * BK), (BT, BK), (1, 0))
-    p_dg = tl.make_block_ptr(dg + i_k * (tl.num_programs(2) // HV) * T * HV + bos * HV + i_hv,
+    p_dg = tl.make_block_ptr(dg + i_k * s_dg + bos * HV + i_hv,
                              (seqlen,), (HV,), (i_t * BT,), (BT,), (0,))
     tl.store(p_dq, b_dq.to(p_dq.dtype.element_ty), boundary_check=(0, 1))
     tl.store(p_dk, b_dk.to(p_dk.dtype.element_ty), boundary_check=(0, 1))
@@ -141,7 +141,8 @@ def chunk_bwd_dqkwg(q, k, v_new, h, dh, g, do, dv2, scale, chunk_size, cu_seqlen
     NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, chunk_size)
     grid = (NK, NT, B * HV)
     chunk_bwd_dqkwg_kernel[grid](q, k, v_new, h, dh, g, do, dv2, dq, dk, dw, dg, cu_seqlens,
-                                 chunk_indices, chunk_offsets, scale, T, H=H, HV=HV, K=K, V=V,
+                                 chunk_indices, chunk_offsets, scale, T, dg.stride(0), H=H,
+                                 HV=HV, K=K, V=V,
                                  BT=chunk_size, BK=BK,
                                  BV=min(64, max(16, triton.next_power_of_2(V))),
                                  IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision)

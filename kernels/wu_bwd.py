@@ -26,7 +26,7 @@ from gdn_fused.kernels.kkt_bwd import gated_kkt_bwd_gates, gated_kkt_bwd_keys, k
 
 @triton.jit
 def wu_bwd_kernel(k, v, g, beta, Ai, dw, dv2, dk, dg_part, dv, dbeta, dg, cu_seqlens,
-                  chunk_indices, T, NK: tl.constexpr, H: tl.constexpr, HV: tl.constexpr,
+                  chunk_indices, T, s_dgp, NK: tl.constexpr, H: tl.constexpr, HV: tl.constexpr,
                   K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                   BV: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr):
     i_t, i_hv, i_h, bos, seqlen = chunk_head_program(T, cu_seqlens, chunk_indices, H, HV, BT,
@@ -54,8 +54,8 @@ def wu_bwd_kernel(k, v, g, beta, Ai, dw, dv2, dk, dg_part, dv, dbeta, dg, cu_seq
                                 (i_t * BT, i_k * BK), (BT, BK), (1, 0))
         p_dw = tl.make_block_ptr(dw + (bos * HV + i_hv) * K, (seqlen, K), (HV * K, 1),
                                  (i_t * BT, i_k * BK), (BT, BK), (1, 0))
-        p_dgp = tl.make_block_ptr(dg_part + i_k * (tl.num_programs(1) // HV) * T * HV
-                                  + bos * HV + i_hv, (seqlen,), (HV,), (i_t * BT,), (BT,), (0,))
+        p_dgp = tl.make_block_ptr(dg_part + i_k * s_dgp + bos * HV + i_hv, (seqlen,), (HV,),
+                                  (i_t * BT,), (BT,), (0,))
         b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
         b_dw = tl.load(p_dw, boundary_check=(0, 1), padding_option="zero")
         b_kbg = (b_k.to(tl.float32) * b_bg[:, None]).to(b_k.dtype)
@@ -126,9 +126,10 @@ def wu_bwd(k, v, g, beta, Ai, dw, dv2, dk, dg_part, chunk_size, cu_seqlens=None,
     dbeta = alloc(beta.shape, dtype=beta.dtype, device=v.device)
     dg = alloc(beta.shape, dtype=g.dtype, device=v.device)
     NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, chunk_size)
-    wu_bwd_kernel[chunk_head_grid(NT, B, HV)](k, v, g, beta, Ai, dw, dv2, dk, dg_part, dv, dbeta, dg,
-                                cu_seqlens, chunk_indices, T, NK=NK, H=H, HV=HV, K=K, V=V,
-                                BT=chunk_size, BK=BK,
-                                BV=min(64, max(16, triton.next_power_of_2(V))),
-                                IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision)
+    # dg_part's key blocks are dg_part.stride(0) apart (B·T·HV)
+    wu_bwd_kernel[chunk_head_grid(NT, B, HV)](
+        k, v, g, beta, Ai, dw, dv2, dk, dg_part, dv, dbeta, dg, cu_seqlens, chunk_indices, T,
+        dg_part.stride(0), NK=NK, H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK,
+        BV=min(64, max(16, triton.next_power_of_2(V))), IS_VARLEN=cu_seqlens is not None,
+        DOT_PREC=dot_precision)
     return dv, dbeta, dg

@@ -97,6 +97,17 @@ def test_backward_fp32(case):
             assert torch.equal(d[0, end:], torch.zeros_like(d[0, end:])), name
 
 
+def test_backward_two_key_blocks(monkeypatch):
+    """K split into two key blocks (the GPU's K = 128 at 64 a block; 16 here) with two batch
+    rows: the per-block partial dg is read back at the right key block and batch row."""
+    from gdn_fused.kernels import chunk_bwd_dqkwg
+    monkeypatch.setattr(chunk_bwd_dqkwg, "BLOCK_K", 16)
+    case = ("nk2-b2", 2, 70, 1, 2, 32, 16, "normal", True, None, 64)
+    xs, do, dht, cu = inputs(case, torch.float32, "cpu")
+    err = errors(triton_grads(xs, do, dht, cu, 64), case_truth(case, xs, do, dht, cu))
+    assert max(err.values()) <= CPU_BOUND[torch.float32], err
+
+
 FP16_CASES = [c for c in CASES if c[0] in ("strong-partial", "gva3-k48")]
 
 
