@@ -23,7 +23,8 @@ import triton.language as tl
 
 from gdn_fused.kernels.chunk_gate import chunk_log_decay, decay, gated_decay
 from gdn_fused.kernels.chunk_gate_bwd import chunk_gate_bwd
-from gdn_fused.kernels.chunk_index import chunk_program, first_chunk
+from gdn_fused.kernels.chunk_index import (chunk_head_grid, chunk_program, first_chunk,
+                                           grid_position)
 
 BLOCK_K = 64  # key columns per program: three [C, 64] fp32 accumulators fit in registers
 
@@ -39,7 +40,7 @@ def chunk_bwd_dqkwg_kernel(q, k, v_new, h, dh, g, do, dv2, dq, dk, dw, dg, cu_se
                            HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                            BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr,
                            DOT_PREC: tl.constexpr):
-    i_k, i_tg, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_k, i_bh, i_tg = grid_position(T, HV, BT, IS_VARLEN, (K + BK - 1) // BK)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
     i_n, i_t, bos, seqlen = chunk_program(i_tg, i_b, T, cu_seqlens, chunk_indices, IS_VARLEN)
@@ -139,11 +140,9 @@ def chunk_bwd_dqkwg(q, k, v_new, h, dh, g, do, dv2, scale, chunk_size, cu_seqlen
     dw = alloc(B, T, HV, K, dtype=k.dtype, device=q.device)
     dg = alloc(NK, B, T, HV, dtype=torch.float32, device=q.device)
     NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, chunk_size)
-    grid = (NK, NT, B * HV)
-    chunk_bwd_dqkwg_kernel[grid](q, k, v_new, h, dh, g, do, dv2, dq, dk, dw, dg, cu_seqlens,
-                                 chunk_indices, chunk_offsets, scale, T, dg.stride(0), H=H,
-                                 HV=HV, K=K, V=V,
-                                 BT=chunk_size, BK=BK,
-                                 BV=min(64, max(16, triton.next_power_of_2(V))),
-                                 IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision)
+    chunk_bwd_dqkwg_kernel[chunk_head_grid(NT, B, HV, NK)](
+        q, k, v_new, h, dh, g, do, dv2, dq, dk, dw, dg, cu_seqlens, chunk_indices, chunk_offsets,
+        scale, T, dg.stride(0), H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK,
+        BV=min(64, max(16, triton.next_power_of_2(V))), IS_VARLEN=cu_seqlens is not None,
+        DOT_PREC=dot_precision)
     return dq, dk, dw, dg

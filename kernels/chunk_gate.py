@@ -60,6 +60,7 @@ def chunk_cumsum(g, chunk_size, cu_seqlens=None, chunk_indices=None, num_chunks=
     B, T, HV = g.shape
     G = torch.empty(B, T, HV, dtype=torch.float64, device=g.device)
     NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, chunk_size)
-    chunk_cumsum_kernel[chunk_head_grid(NT, B, HV)](g, G, cu_seqlens, chunk_indices, T, HV=HV, BT=chunk_size,
-                                      IS_VARLEN=cu_seqlens is not None)
+    chunk_cumsum_kernel[chunk_head_grid(NT, B, HV)](g, G, cu_seqlens, chunk_indices, T, HV=HV,
+                                                    BT=chunk_size,
+                                                    IS_VARLEN=cu_seqlens is not None)
     return G

@@ -3,7 +3,8 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_fused.kernels.chunk_index import chunk_program, first_chunk
+from gdn_fused.kernels.chunk_index import (chunk_head_grid, chunk_program, first_chunk,
+                                           grid_position)
 from gdn_fused.kernels.chunk_gate import gated_decay
 
 
@@ -12,7 +13,7 @@ def chunk_output_kernel(q, k, v_new, h, G, o, cu_seqlens, chunk_indices, chunk_o
                         H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                         BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                         IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr):
-    i_v, i_tg, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_v, i_bh, i_tg = grid_position(T, HV, BT, IS_VARLEN, (V + BV - 1) // BV)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
     i_n, i_t, bos, seqlen = chunk_program(i_tg, i_b, T, cu_seqlens, chunk_indices, IS_VARLEN)
@@ -53,8 +54,8 @@ def chunk_output(q, k, v_new, h, G, scale, chunk_size, cu_seqlens=None, chunk_in
     NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, chunk_size)
     BK = max(16, triton.next_power_of_2(K))
     BV = min(64 if BK <= 128 else 32, max(16, triton.next_power_of_2(V)))
-    grid = (triton.cdiv(V, BV), NT, B * HV)
-    chunk_output_kernel[grid](q, k, v_new, h, G, o, cu_seqlens, chunk_indices, chunk_offsets,
-                              scale, T, H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK, BV=BV,
-                              IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision)
+    chunk_output_kernel[chunk_head_grid(NT, B, HV, triton.cdiv(V, BV))](
+        q, k, v_new, h, G, o, cu_seqlens, chunk_indices, chunk_offsets, scale, T, H=H, HV=HV,
+        K=K, V=V, BT=chunk_size, BK=BK, BV=BV, IS_VARLEN=cu_seqlens is not None,
+        DOT_PREC=dot_precision)
     return o

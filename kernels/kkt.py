@@ -41,8 +41,8 @@ def chunk_kkt(k, G, beta, num_value_heads, chunk_size, cu_seqlens=None, chunk_in
     HV = num_value_heads
     A = torch.empty(B, T, HV, chunk_size, dtype=torch.float32, device=k.device)
     NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, chunk_size)
-    chunk_kkt_kernel[chunk_head_grid(NT, B, HV)](k, G, beta, A, cu_seqlens, chunk_indices, T, H=H, HV=HV, K=K,
-                                   BT=chunk_size, BK=max(16, triton.next_power_of_2(K)),
-                                   IS_VARLEN=cu_seqlens is not None,
-                                   DOT_PREC=dot_precision(k.dtype))
+    chunk_kkt_kernel[chunk_head_grid(NT, B, HV)](
+        k, G, beta, A, cu_seqlens, chunk_indices, T, H=H, HV=HV, K=K, BT=chunk_size,
+        BK=max(16, triton.next_power_of_2(K)), IS_VARLEN=cu_seqlens is not None,
+        DOT_PREC=dot_precision(k.dtype))
     return A

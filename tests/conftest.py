@@ -19,7 +19,18 @@ def _one_thread():
     torch.set_num_threads(n)
 
 
+# Modules that compile kernels for a GPU target on this CPU (eval.ptxas.compile_report). They run
+# first: after the backward's interpreted kernels, Triton 3.6's interpreter leaves its patches on
+# triton.language.core (program_id, arange, load, ... stay the interpreter's; checked by
+# comparing vars(tl.core) before and after), and a Gluon kernel compiled after that fails in
+# ast_to_ttir ("'ir.value' object has no attribute 'dtype'"). A warm Triton cache hides it (the
+# compile is skipped); a cold one, as on a fresh CI machine, does not.
+COMPILED_MODE_FIRST = ("test_ptxas.py", "test_gluon_forward.py", "test_gluon_state.py",
+                       "test_gluon_state_output.py", "test_gluon_wu.py")
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: item.path.name not in COMPILED_MODE_FIRST)  # stable
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
