@@ -325,13 +325,26 @@ KERNELS = ("auto", "triton", "gluon")
 GLUON_SOLVE = True
 
 
-def _use_gluon(kernel, A, solve_method, launch_defaults):
+def _use_gluon(kernel, A, solve_method, tl_options, maxnreg):
+    """Whether kkt_solve runs the Gluon kernel; tl_options: the tl kernel's launch options that
+    were changed from their defaults (by name); maxnreg applies to either kernel, and with
+    kernel="auto" it keeps the tl one (its register-cap sweep). Raises ValueError for an
+    unknown kernel and for a Gluon request it cannot honour."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    if kernel == "gluon":
+        if solve_method != "blocked":
+            raise ValueError(f"the Gluon kkt_solve runs the blocked method, got {solve_method!r}")
+        if tl_options:
+            raise ValueError(f"{', '.join(tl_options)}: options of the tl kernel, not of the "
+                             "Gluon one (kernel='gluon')")
+        if not A.is_cuda:
+            raise ValueError(f"kernel='gluon' needs A on a CUDA device, got {A.device}")
     if kernel != "auto":
         return kernel == "gluon"
     return (GLUON_SOLVE and A.is_cuda and A.shape[-1] == 64 and solve_method == "blocked"
-            and launch_defaults and torch.cuda.get_device_capability(A.device) >= (8, 0))
+            and not tl_options and maxnreg is None
+            and torch.cuda.get_device_capability(A.device) >= (8, 0))
 
 
 def kkt_solve(A, output_dtype=torch.float32, cu_seqlens=None, chunk_indices=None,
@@ -352,11 +365,11 @@ def kkt_solve(A, output_dtype=torch.float32, cu_seqlens=None, chunk_indices=None
     if C not in (16, 32, 64):
         raise ValueError(f"chunk size (A.shape[-1]) must be 16, 32 or 64, got {C}")
     iters = _solve_args(solve_method, solve_iters, C)
-    launch_defaults = (dot_precision == DOT_PRECISION and num_warps is None and maxnreg is None
-                       and diag == "substitution" and not prefetch)
-    if _use_gluon(kernel, A, solve_method, launch_defaults):
-        if solve_method != "blocked":
-            raise ValueError(f"the Gluon kkt_solve runs the blocked method, got {solve_method!r}")
+    tl_options = [name for name, changed in (("dot_precision", dot_precision != DOT_PRECISION),
+                                             ("num_warps", num_warps is not None),
+                                             ("diag", diag != "substitution"),
+                                             ("prefetch", bool(prefetch))) if changed]
+    if _use_gluon(kernel, A, solve_method, tl_options, maxnreg):
         from gdn_fused.kernels.gluon_kkt_solve import kkt_solve_gluon
         return kkt_solve_gluon(A, output_dtype, cu_seqlens, chunk_indices, num_chunks, maxnreg)
     Ai = torch.empty(B, T, HV, C, dtype=output_dtype, device=A.device)

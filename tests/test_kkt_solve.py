@@ -131,6 +131,10 @@ def test_kernel_choice():
         kkt_solve(A, kernel="cuda")
     with pytest.raises(ValueError, match="blocked"):
         kkt_solve(A, solve_method="mxr", kernel="gluon")
+    with pytest.raises(ValueError, match="num_warps, prefetch: options of the tl kernel"):
+        kkt_solve(A, kernel="gluon", num_warps=2, prefetch=True)
+    with pytest.raises(ValueError, match="CUDA"):
+        kkt_solve(A, kernel="gluon")
 
 
 def _packed_with_empty_sequence(gate, device):
