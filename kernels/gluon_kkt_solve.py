@@ -68,11 +68,12 @@ B_OP = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1))
 @gluon.jit
 def _program(T, NBH, cu_seqlens, chunk_indices, HV: gl.constexpr, IS_VARLEN: gl.constexpr):
     """(chunk index in its sequence, value head, first token row (int64), sequence length) of
-    this program, as chunk_index.chunk_head_program but on a 1-D grid of chunks × NBH (= B·HV)
-    programs, heads fastest: the programs in flight then cover whole rows of A and T (all
-    heads of the same chunks, contiguous in memory) instead of one head's rows 8 KB apart.
-    Measured on the H200 (eval.bench --sweep kkt, B=8, T=4096, HV=32): 131.8 µs against
-    149.4 µs with the chunks-fastest grid of the tl kernels."""
+    this program on a 1-D grid of chunks × NBH (= B·HV) programs, heads fastest: the Gluon
+    twin of chunk_index.chunk_head_program and chunk_program (a Gluon kernel cannot call a
+    tl.jit function). The programs in flight then cover whole rows of A and T (all heads of
+    the same chunks, contiguous in memory) instead of one head's rows 8 KB apart. Measured on
+    the H200 (eval.bench --sweep kkt, B=8, T=4096, HV=32): 131.8 µs against 149.4 µs with
+    the chunks-fastest grid the tl kernels had then."""
     i_bh, i_t = gl.program_id(0) % NBH, gl.program_id(0) // NBH
     i_b, i_hv = i_bh // HV, i_bh % HV
     if IS_VARLEN:
