@@ -8,6 +8,30 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import triton.language as tl  # noqa: E402 (after the interpreter switch: jit decides at import)
+
+
+# Triton 3.6's interpreter patches triton.language.core (program_id, arange, load, ...) while a
+# kernel runs and does not always put it back (a jitted helper's patches outlive the launch:
+# compare vars(tl.core) before and after the backward tests). A kernel compiled for a GPU target
+# afterwards (eval.ptxas.compile_report, the Gluon compile tests) then fails in ast_to_ttir
+# ("'ir.value' object has no attribute 'dtype'") unless the Triton cache already holds it, as
+# on a fresh CI machine it does not. Every test ends with the module as it was at start-up.
+_LANGUAGE = (tl.core, tl.core.tensor, tl.math)
+_PRISTINE = {m: dict(vars(m)) for m in _LANGUAGE}
+
+
+@pytest.fixture(autouse=True)
+def _undo_interpreter_patches():
+    yield
+    for m, pristine in _PRISTINE.items():
+        now = vars(m)
+        for name in [n for n in now if n not in pristine]:
+            delattr(m, name)
+        for name, value in pristine.items():
+            if now.get(name) is not value:
+                setattr(m, name, value)
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _one_thread():
@@ -19,18 +43,7 @@ def _one_thread():
     torch.set_num_threads(n)
 
 
-# Modules that compile kernels for a GPU target on this CPU (eval.ptxas.compile_report). They run
-# first: after the backward's interpreted kernels, Triton 3.6's interpreter leaves its patches on
-# triton.language.core (program_id, arange, load, ... stay the interpreter's; checked by
-# comparing vars(tl.core) before and after), and a Gluon kernel compiled after that fails in
-# ast_to_ttir ("'ir.value' object has no attribute 'dtype'"). A warm Triton cache hides it (the
-# compile is skipped); a cold one, as on a fresh CI machine, does not.
-COMPILED_MODE_FIRST = ("test_ptxas.py", "test_gluon_forward.py", "test_gluon_state.py",
-                       "test_gluon_state_output.py", "test_gluon_wu.py")
-
-
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: item.path.name not in COMPILED_MODE_FIRST)  # stable
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
