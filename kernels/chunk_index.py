@@ -38,6 +38,8 @@ def chunk_layout(cu_seqlens, batch: int, chunk_size: int, cu_seqlens_cpu=None):
     cu_seqlens_cpu: the offsets already on the host (validation's copy), else they are read."""
     if cu_seqlens is None:
         return batch, None, dict(cu_seqlens=None, chunk_indices=None, num_chunks=None)
+    if batch != 1:  # the kernels' grids (chunk_head_grid) count B · HV heads, HV when packed
+        raise ValueError(f"packed input (cu_seqlens) must have batch 1, got {batch}")
     chunk_indices, chunk_offsets, NT = prepare_chunk_indices(cu_seqlens, chunk_size,
                                                              cu_seqlens_cpu)
     return (cu_seqlens.numel() - 1, chunk_offsets,

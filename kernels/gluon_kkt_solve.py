@@ -128,7 +128,7 @@ def _load_blocks(a_tile, S, row0, seqlen, k0: gl.constexpr, n: gl.constexpr,
         ib = 1 + (k >= 1).to(gl.int32) + (k >= 3).to(gl.int32)
         jb = k - ib * (ib - 1) // 2
     x = gl.load(a_tile + (ib * BLOCK + r) * S + jb * BLOCK + c,
-                mask=row0 + ib * BLOCK + r < seqlen, other=0.)
+                mask=row0 + ib * BLOCK + r < seqlen, other=0.).to(gl.float32)
     if diagonal:  # the strict lower part, selected after the load (16-byte loads)
         x = gl.where(c < r, x, 0.)
     return x
@@ -184,8 +184,9 @@ def kkt_solve_gluon_kernel(A, Ai, cu_seqlens, chunk_indices, T, NBH, HV: gl.cons
     i_t, i_hv, bos, seqlen = _program(T, NBH, cu_seqlens, chunk_indices, HV, IS_VARLEN)
     S: gl.constexpr = HV * BT  # row stride of A and T
     row0 = i_t * BT
-    a_tile = A + (bos * HV + i_hv) * BT + row0 * S
-    t_tile = Ai + (bos * HV + i_hv) * BT + row0 * S
+    # the tile's first row in int64 (bos is): row0 · S alone passes 2³¹ past 2²⁰ tokens at HV = 32
+    a_tile = A + ((bos + row0) * HV + i_hv) * BT
+    t_tile = Ai + ((bos + row0) * HV + i_hv) * BT
 
     # the ten blocks of A's lower triangle into shared memory first, all loads in flight at
     # once: one memory latency a tile instead of one per substitution row and product
@@ -257,9 +258,9 @@ def kkt_solve_gluon_kernel(A, Ai, cu_seqlens, chunk_indices, T, NBH, HV: gl.cons
 
 def kkt_solve_gluon(A, output_dtype=torch.float32, cu_seqlens=None, chunk_indices=None,
                     num_chunks=None, maxnreg=None):
-    """(I + A)⁻¹ per chunk of 64 on a CUDA GPU (sm_80 or later): A [B, T, HV, 64] fp32,
-    strictly lower (only its strict lower part is read); returns T [B, T, HV, 64] in
-    ``output_dtype``. Packed sequences as kkt_solve (cu_seqlens, chunk_indices, num_chunks).
+    """(I + A)⁻¹ per chunk of 64 on a CUDA GPU (sm_80 or later): A [B, T, HV, 64] (fp32, or
+    any float dtype, computed in fp32), strictly lower (only its strict lower part is read);
+    returns T [B, T, HV, 64] in ``output_dtype``. Inputs as checked by kkt_solve. Packed sequences as kkt_solve (cu_seqlens, chunk_indices, num_chunks).
     Same values as ``kkt_solve(A, output_dtype)`` up to fp32 rounding order (the tests bound
     both against fp64). maxnreg: ptxas' register cap per thread (launch sweeps)."""
     B, T, HV, C = A.shape

@@ -36,10 +36,15 @@ BLOCK = 16  # base block: the smallest tl.dot tile, and 15 substitution steps
 @triton.jit
 def _load_block(p_base, row_stride, i_t, seqlen, BT: tl.constexpr, ib: tl.constexpr,
                 jb: tl.constexpr):
-    """16×16 block (ib, jb) of the chunk's A; rows past the sequence end read as 0."""
+    """16×16 block (ib, jb) of the chunk's A; rows past the sequence end read as 0, and of a
+    diagonal block only the strict lower part is read (the Gluon kernel's contract too)."""
     p = tl.make_block_ptr(p_base, (seqlen, BT), (row_stride, 1), (i_t * BT + ib * 16, jb * 16),
                           (16, 16), (1, 0))
-    return tl.load(p, boundary_check=(0,)).to(tl.float32)
+    b = tl.load(p, boundary_check=(0,)).to(tl.float32)
+    if ib == jb:
+        o = tl.arange(0, 16)
+        b = tl.where(o[:, None] > o[None, :], b, 0.)
+    return b
 
 
 @triton.jit
@@ -340,11 +345,42 @@ def _use_gluon(kernel, A, solve_method, tl_options, maxnreg):
                              "Gluon one (kernel='gluon')")
         if not A.is_cuda:
             raise ValueError(f"kernel='gluon' needs A on a CUDA device, got {A.device}")
+        if not _gluon_device(A.device):
+            raise ValueError(f"kernel='gluon' needs an NVIDIA GPU of sm_80 or later, got "
+                             f"{torch.cuda.get_device_name(A.device)}")
     if kernel != "auto":
         return kernel == "gluon"
     return (GLUON_SOLVE and A.is_cuda and A.shape[-1] == 64 and solve_method == "blocked"
-            and not tl_options and maxnreg is None
-            and torch.cuda.get_device_capability(A.device) >= (8, 0))
+            and not tl_options and maxnreg is None and _gluon_device(A.device))
+
+
+def _gluon_device(device):
+    """An NVIDIA GPU (not ROCm, whose devices are "cuda" too) of sm_80 or later: mma.sync."""
+    return torch.version.hip is None and torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def _check_a(A, output_dtype, cu_seqlens, chunk_indices, num_chunks):
+    """kkt_solve's input checks, before any launch (ValueError / TypeError naming the
+    argument)."""
+    if not isinstance(A, torch.Tensor) or A.dim() != 4:
+        raise ValueError(f"A must be a [B, T, HV, C] tensor, got {getattr(A, 'shape', A)!r}")
+    if not A.is_floating_point():
+        raise TypeError(f"A must be a float tensor, got {A.dtype}")
+    if output_dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"output_dtype must be float32, float16 or bfloat16, got {output_dtype}")
+    if A.shape[-1] not in (16, 32, 64):
+        raise ValueError(f"chunk size (A.shape[-1]) must be 16, 32 or 64, got {A.shape[-1]}")
+    if cu_seqlens is None:
+        return
+    if A.shape[0] != 1:
+        raise ValueError(f"packed input (cu_seqlens) must have batch 1, got A.shape[0] = "
+                         f"{A.shape[0]}")
+    if chunk_indices is None or num_chunks is None:
+        raise ValueError("packed input needs chunk_indices and num_chunks "
+                         "(chunk_index.chunk_layout)")
+    if tuple(chunk_indices.shape) != (num_chunks, 2):
+        raise ValueError(f"chunk_indices must be [num_chunks, 2] = [{num_chunks}, 2], got "
+                         f"{tuple(chunk_indices.shape)}")
 
 
 def kkt_solve(A, output_dtype=torch.float32, cu_seqlens=None, chunk_indices=None,
@@ -359,11 +395,13 @@ def kkt_solve(A, output_dtype=torch.float32, cu_seqlens=None, chunk_indices=None
     load the coupling blocks before the diagonal inversion
     (launch sweeps only, see REGISTER_FOOTPRINT). kernel: "auto" (the Gluon kernel where
     GLUON_SOLVE and the case allow: CUDA sm_80+, blocked, C = 64, default dot precision and
-    launch), "triton" (the tl kernel) or "gluon" (C = 64, blocked; maxnreg applies). Raises
-    ValueError for another chunk size, method or kernel."""
+    launch), "triton" (the tl kernel) or "gluon" (C = 64, blocked; maxnreg applies). Only the
+    strict lower part of A is read; any float dtype is computed in fp32. Raises ValueError for
+    another shape, chunk size, method or kernel, packed input of batch > 1 or without its
+    chunk indices (chunk_index.chunk_layout), TypeError for non-float A or output dtype."""
+    _check_a(A, output_dtype, cu_seqlens, chunk_indices, num_chunks)
+    A = A.contiguous()
     B, T, HV, C = A.shape
-    if C not in (16, 32, 64):
-        raise ValueError(f"chunk size (A.shape[-1]) must be 16, 32 or 64, got {C}")
     iters = _solve_args(solve_method, solve_iters, C)
     tl_options = [name for name, changed in (("dot_precision", dot_precision != DOT_PRECISION),
                                              ("num_warps", num_warps is not None),

@@ -11,23 +11,32 @@ if not torch.cuda.is_available():
 import triton.language as tl  # noqa: E402 (after the interpreter switch: jit decides at import)
 
 
-# Triton 3.6's interpreter patches triton.language.core (program_id, arange, load, ...) while a
-# kernel runs and does not always put it back (a jitted helper's patches outlive the launch:
-# compare vars(tl.core) before and after the backward tests). A kernel compiled for a GPU target
-# afterwards (eval.ptxas.compile_report, the Gluon compile tests) then fails in ast_to_ttir
-# ("'ir.value' object has no attribute 'dtype'") unless the Triton cache already holds it, as
-# on a fresh CI machine it does not. Every test ends with the module as it was at start-up.
-_LANGUAGE = (tl.core, tl.core.tensor, tl.math)
-_PRISTINE = {m: dict(vars(m)) for m in _LANGUAGE}
+# Triton 3.6's interpreter patches triton.language (core's program_id, arange, load, ...;
+# standard's helpers; the tensor classes' methods) while a kernel runs, and does not always put
+# it back (a jitted helper's patches outlive the launch: compare the modules' vars() before and
+# after the kkt_solve or backward tests). A kernel compiled for a GPU target afterwards
+# (eval.ptxas.compile_report, the Gluon compile tests) then fails in ast_to_ttir unless the
+# Triton cache already holds it, as on a fresh CI machine it does not. Every test ends with
+# these namespaces as they were at start-up.
+def _language_namespaces():
+    import sys
+    import types
+    from triton.experimental.gluon import language as gl
+    modules = [m for n, m in sorted(sys.modules.items()) if isinstance(m, types.ModuleType)
+               and n.startswith(("triton.language", "triton.experimental.gluon.language"))]
+    return modules + [tl.core.tensor, tl.core.tensor_descriptor_base, gl.tensor]
+
+
+_PRISTINE = {m: dict(vars(m)) for m in _language_namespaces()}
 
 
 @pytest.fixture(autouse=True)
 def _undo_interpreter_patches():
     yield
+    # (names the interpreter adds, such as interpreter_semantic, stay: its cached rewrites of
+    # jitted functions look them up)
     for m, pristine in _PRISTINE.items():
         now = vars(m)
-        for name in [n for n in now if n not in pristine]:
-            delattr(m, name)
         for name, value in pristine.items():
             if now.get(name) is not value:
                 setattr(m, name, value)

@@ -137,6 +137,51 @@ def test_kernel_choice():
         kkt_solve(A, kernel="gluon")
 
 
+def test_bad_input_is_refused_before_any_launch():
+    k, G, beta, A = setup(64)
+    cu = torch.tensor([0, 100, 150])
+    from gdn_fused.kernels.chunk_index import chunk_layout
+    _, _, idx = chunk_layout(cu, 1, 64)
+    cases = [
+        (dict(A=A[0]), ValueError, "B, T, HV, C"),
+        (dict(A=A.to(torch.int32)), TypeError, "float"),
+        (dict(A=A, output_dtype=torch.int32), TypeError, "output_dtype"),
+        (dict(A=A.expand(2, -1, -1, -1), **idx), ValueError, "batch 1"),
+        (dict(A=A, cu_seqlens=cu), ValueError, "chunk_indices and num_chunks"),
+        (dict(A=A, **dict(idx, num_chunks=idx["num_chunks"] + 1)), ValueError, "num_chunks"),
+    ]
+    for kw, error, match in cases:
+        with pytest.raises(error, match=match):
+            kkt_solve(**kw)
+    with pytest.raises(ValueError, match="batch 1"):
+        chunk_layout(cu, 2, 64)
+
+
+def test_only_the_strict_lower_part_is_read():
+    """Junk on and above the diagonal and a strided view of A give the clean A's inverse."""
+    k, G, beta, A = setup(64)
+    junk = A + torch.triu(torch.full((64, 64), 7.), 0).repeat(3, 1)[:A.shape[1]][None, :, None]
+    strided = torch.stack([junk, 0 * junk], -1)[..., 0]  # every other float: not contiguous
+    assert not strided.is_contiguous()
+    for kernel in ("triton",):
+        assert torch.equal(kkt_solve(strided, kernel=kernel), kkt_solve(A, kernel=kernel))
+
+
+def test_gluon_kernel_compiles_for_each_case():
+    """The Gluon kkt_solve compiles for sm_90 and sm_80 (its lowest), dense and packed, with
+    fp32 and bf16 A and output (it runs only on a GPU: the gpu test below checks its values)."""
+    from gdn_fused.eval.ptxas import compile_report
+    from gdn_fused.kernels.gluon_kkt_solve import kkt_solve_gluon_kernel
+    for arch, varlen, a, out in [(90, False, "*fp32", "*bf16"), (90, True, "*bf16", "*fp32"),
+                                 (80, False, "*fp32", "*fp32")]:
+        sig = {"A": a, "Ai": out, "cu_seqlens": "*i32", "chunk_indices": "*i32", "T": "i32",
+               "NBH": "i32"}
+        r = compile_report(kkt_solve_gluon_kernel, sig, dict(HV=32, IS_VARLEN=varlen), arch,
+                           num_warps=1)
+        # 16 products of 16 × 16 × 16 as 3 TF32 mma.sync each of 2 × 2 (n8, k8) steps
+        assert r["features"]["mma.sync"] == 192 and r["spill_stores"] == 0, (arch, r)
+
+
 def _packed_with_empty_sequence(gate, device):
     """A of three packed sequences (lengths 700, 0, 333: partial last chunks, an empty one)."""
     from gdn_fused.kernels.chunk_index import chunk_layout
@@ -179,5 +224,11 @@ def test_gluon_kernel_against_fp64(gate):
             assert torch.equal(t.triu(1), torch.zeros_like(t))
         print(f"gluon kkt_solve {gate} {'dense' if lens is None else 'packed'}: max abs {worst:.2e}")
         assert worst <= 1e-6
+        # only A's strict lower part is read; bf16 A is computed in fp32
+        junk = A + torch.triu(torch.full((64, 64), float("nan"), device="cuda"), 0).repeat(
+            A.shape[1] // 64 + 1, 1)[:A.shape[1]][None, :, None]
+        assert torch.equal(kkt_solve(junk, kernel="gluon", **idx), Ai)
+        assert torch.equal(kkt_solve(A.bfloat16(), kernel="gluon", **idx),
+                           kkt_solve(A.bfloat16().float(), kernel="gluon", **idx))
         # T far from I unless the decay is strong: agreeing with fp64 means something
         assert offdiag > (0 if gate == "strong" else 0.1)

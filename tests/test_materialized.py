@@ -54,6 +54,14 @@ def test_materialized_k_neq_v():
     assert rel_err(o, o_ref) <= 1e-5 and rel_err(ht, ht_ref) <= 1e-5
 
 
+def test_materialized_several_value_blocks():
+    """V = 128 with two batch rows and three value heads: chunk_output's grid has two value
+    blocks a (batch, head), so all three indices of its heads-fastest order are exercised."""
+    case = ("v128-b2", 2, 130, 1, 3, "normal", "uniform", True, None, 64)
+    o, ht, o_ref, ht_ref = run_case(case, torch.float32, "cpu", 32, 128)
+    assert rel_err(o, o_ref) <= 1e-5 and rel_err(ht, ht_ref) <= 1e-5
+
+
 def test_beta_zero_inverse_is_identity():
     """beta = 0 makes A = 0, so kkt_solve must return exactly I (no rounding anywhere)."""
     from gdn_fused.kernels.kkt_solve import kkt_solve
