@@ -159,6 +159,7 @@ def _newton_schulz(A, k, G, beta, bos, seqlen, i_t, i_h, i_hv, H: tl.constexpr,
         p_A = tl.make_block_ptr(A + (bos * HV + i_hv) * BT, (seqlen, BT), (HV * BT, 1),
                                 (i_t * BT, 0), (BT, BT), (1, 0))
         L = tl.load(p_A, boundary_check=(0,)).to(tl.float32)
+        L = tl.where(o_i[:, None] > o_i[None, :], L, 0.)  # the strict lower part only
     X = (o_i[:, None] == o_i[None, :]).to(tl.float32) / BT
     for _ in tl.static_range(NS_ITERS):
         AX = X + tl.dot(L, X, input_precision=DOT_PREC)

@@ -6,7 +6,8 @@ from gdn_fused import chunk_gated_delta_rule
 from gdn_fused.kernels.chunk_gate import chunk_cumsum
 from gdn_fused.kernels.kkt import chunk_kkt
 from gdn_fused.kernels import kkt_solve as kkt_solve_module
-from gdn_fused.kernels.kkt_solve import chunk_inverse, kkt_solve, kkt_solve_from_k
+from gdn_fused.kernels.kkt_solve import (SOLVE_METHODS, chunk_inverse, kkt_solve,
+                                          kkt_solve_from_k)
 from tests.cases import make_inputs, rel_err, truth
 
 # max abs error bounds vs the fp64 inverse (fp32 output); Newton–Schulz with its default
@@ -163,8 +164,9 @@ def test_only_the_strict_lower_part_is_read():
     junk = A + torch.triu(torch.full((64, 64), 7.), 0).repeat(3, 1)[:A.shape[1]][None, :, None]
     strided = torch.stack([junk, 0 * junk], -1)[..., 0]  # every other float: not contiguous
     assert not strided.is_contiguous()
-    for kernel in ("triton",):
-        assert torch.equal(kkt_solve(strided, kernel=kernel), kkt_solve(A, kernel=kernel))
+    for method in SOLVE_METHODS:  # the tl kernel here (the Gluon one: the gpu test below)
+        assert torch.equal(kkt_solve(strided, solve_method=method),
+                           kkt_solve(A, solve_method=method))
 
 
 def test_gluon_kernel_compiles_for_each_case():
@@ -224,10 +226,12 @@ def test_gluon_kernel_against_fp64(gate):
             assert torch.equal(t.triu(1), torch.zeros_like(t))
         print(f"gluon kkt_solve {gate} {'dense' if lens is None else 'packed'}: max abs {worst:.2e}")
         assert worst <= 1e-6
-        # only A's strict lower part is read; bf16 A is computed in fp32
-        junk = A + torch.triu(torch.full((64, 64), float("nan"), device="cuda"), 0).repeat(
-            A.shape[1] // 64 + 1, 1)[:A.shape[1]][None, :, None]
-        assert torch.equal(kkt_solve(junk, kernel="gluon", **idx), Ai)
+        # only A's strict lower part is read (dense: chunk rows start at multiples of 64, so
+        # row t's junk goes to its chunk's diagonal and above); bf16 A is computed in fp32
+        if lens is None:
+            junk = A + torch.triu(torch.full((64, 64), float("nan"), device="cuda"), 0).repeat(
+                A.shape[1] // 64 + 1, 1)[:A.shape[1]][None, :, None]
+            assert torch.equal(kkt_solve(junk, kernel="gluon"), Ai)
         assert torch.equal(kkt_solve(A.bfloat16(), kernel="gluon", **idx),
                            kkt_solve(A.bfloat16().float(), kernel="gluon", **idx))
         # T far from I unless the decay is strong: agreeing with fp64 means something
