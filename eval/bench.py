@@ -139,7 +139,7 @@ def bench_kkt_solve(bandwidth, solve_tril, B=8, T=4096):
     row["floor_us"] = bytes_ / bandwidth * 1e6
     ms = triton.testing.do_bench(lambda: kkt_solve(A, torch.bfloat16), return_mode="median")
     row["ours_us"] = ms * 1e3
-    # the tl kernel beside the default (kernels/kkt_solve.py GLUON_SOLVE)
+    # the tl kernel beside the default (the Gluon one on this GPU: kkt_solve's kernel="auto")
     row["tl_us"] = 1e3 * triton.testing.do_bench(
         lambda: kkt_solve(A, torch.bfloat16, kernel="triton"), return_mode="median")
     row["ours_frac_bw"] = row["floor_us"] / row["ours_us"]

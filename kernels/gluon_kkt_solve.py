@@ -135,9 +135,16 @@ def _load_blocks(a_tile, S, row0, seqlen, k0: gl.constexpr, n: gl.constexpr,
 
 
 @gluon.jit
+def _operand(smem, b: gl.constexpr, layout: gl.constexpr):
+    """16 × 16 block b of a [K · 16, 16] shared tile (rows 16b .. 16b + 15), loaded in an mma
+    operand layout and split."""
+    return _split(smem.slice(b * BLOCK, BLOCK, dim=0).load(layout))
+
+
+@gluon.jit
 def _coupling_block(c_smem, k: gl.constexpr):
     """Coupling block k (order of _load_blocks) as a split A operand."""
-    return _split(c_smem[k // 4].slice(k % 4 * BLOCK, BLOCK, dim=0).load(A_OP))
+    return _operand(c_smem[k // 4], k % 4, A_OP)
 
 
 @gluon.jit
@@ -157,18 +164,6 @@ def _store(p_tile, row_stride, row0, seqlen, x, ib: gl.constexpr, jb: gl.constex
         rows = ib * BLOCK + r[:, None]
         p = p_tile + rows * row_stride + (jb * BLOCK + c)[None, :]
     gl.store(p, x.to(p_tile.dtype.element_ty), mask=row0 + rows < seqlen)
-
-
-@gluon.jit
-def _diag_a(d_smem, b: gl.constexpr):
-    """Diagonal inverse b (rows 16b .. 16b + 15 of the shared tile) as a split A operand."""
-    return _split(d_smem.slice(b * BLOCK, BLOCK, dim=0).load(A_OP))
-
-
-@gluon.jit
-def _diag_b(d_smem, b: gl.constexpr):
-    """Diagonal inverse b as a split B operand."""
-    return _split(d_smem.slice(b * BLOCK, BLOCK, dim=0).load(B_OP))
 
 
 @gluon.jit
@@ -231,28 +226,28 @@ def kkt_solve_gluon_kernel(A, Ai, cu_seqlens, chunk_indices, T, NBH, HV: gl.cons
     # coupling blocks, Bunch–Hopcroft order as kkt_solve_kernel: first sub-diagonal, then the
     # second and third reusing it. Every operand is loaded (shared memory, or A from L1/L2)
     # and split where it is used, not held: registers per thread set the tiles in flight
-    T10 = -_mma3(_diag_a(d_smem, 1), _as_b(_mma3(_coupling_block(c_smem, 0),
-                                                _diag_b(d_smem, 0), zero)), zero)
+    T10 = -_mma3(_operand(d_smem, 1, A_OP), _as_b(_mma3(_coupling_block(c_smem, 0),
+                                                _operand(d_smem, 0, B_OP), zero)), zero)
     _store(t_tile, S, row0, seqlen, T10, 1, 0)
-    T21 = -_mma3(_diag_a(d_smem, 2), _as_b(_mma3(_coupling_block(c_smem, 2),
-                                                _diag_b(d_smem, 1), zero)), zero)
+    T21 = -_mma3(_operand(d_smem, 2, A_OP), _as_b(_mma3(_coupling_block(c_smem, 2),
+                                                _operand(d_smem, 1, B_OP), zero)), zero)
     _store(t_tile, S, row0, seqlen, T21, 2, 1)
-    T32 = -_mma3(_diag_a(d_smem, 3), _as_b(_mma3(_coupling_block(c_smem, 5),
-                                                _diag_b(d_smem, 2), zero)), zero)
+    T32 = -_mma3(_operand(d_smem, 3, A_OP), _as_b(_mma3(_coupling_block(c_smem, 5),
+                                                _operand(d_smem, 2, B_OP), zero)), zero)
     _store(t_tile, S, row0, seqlen, T32, 3, 2)
     T10_b = _as_b(T10)
-    P20 = _mma3(_coupling_block(c_smem, 1), _diag_b(d_smem, 0), zero)
+    P20 = _mma3(_coupling_block(c_smem, 1), _operand(d_smem, 0, B_OP), zero)
     P20 = _mma3(_coupling_block(c_smem, 2), T10_b, P20)
-    T20 = -_mma3(_diag_a(d_smem, 2), _as_b(P20), zero)
+    T20 = -_mma3(_operand(d_smem, 2, A_OP), _as_b(P20), zero)
     _store(t_tile, S, row0, seqlen, T20, 2, 0)
-    P31 = _mma3(_coupling_block(c_smem, 4), _diag_b(d_smem, 1), zero)
+    P31 = _mma3(_coupling_block(c_smem, 4), _operand(d_smem, 1, B_OP), zero)
     P31 = _mma3(_coupling_block(c_smem, 5), _as_b(T21), P31)
-    T31 = -_mma3(_diag_a(d_smem, 3), _as_b(P31), zero)
+    T31 = -_mma3(_operand(d_smem, 3, A_OP), _as_b(P31), zero)
     _store(t_tile, S, row0, seqlen, T31, 3, 1)
-    P30 = _mma3(_coupling_block(c_smem, 3), _diag_b(d_smem, 0), zero)
+    P30 = _mma3(_coupling_block(c_smem, 3), _operand(d_smem, 0, B_OP), zero)
     P30 = _mma3(_coupling_block(c_smem, 4), T10_b, P30)
     P30 = _mma3(_coupling_block(c_smem, 5), _as_b(T20), P30)
-    T30 = -_mma3(_diag_a(d_smem, 3), _as_b(P30), zero)
+    T30 = -_mma3(_operand(d_smem, 3, A_OP), _as_b(P30), zero)
     _store(t_tile, S, row0, seqlen, T30, 3, 0)
 
 
@@ -260,7 +255,8 @@ def kkt_solve_gluon(A, output_dtype=torch.float32, cu_seqlens=None, chunk_indice
                     num_chunks=None, maxnreg=None):
     """(I + A)⁻¹ per chunk of 64 on a CUDA GPU (sm_80 or later): A [B, T, HV, 64] (fp32, or
     any float dtype, computed in fp32), strictly lower (only its strict lower part is read);
-    returns T [B, T, HV, 64] in ``output_dtype``. Inputs as checked by kkt_solve. Packed sequences as kkt_solve (cu_seqlens, chunk_indices, num_chunks).
+    returns T [B, T, HV, 64] in ``output_dtype``. Inputs as checked by kkt_solve (call that);
+    raises ValueError here for a chunk size other than 64. Packed sequences as kkt_solve (cu_seqlens, chunk_indices, num_chunks).
     Same values as ``kkt_solve(A, output_dtype)`` up to fp32 rounding order (the tests bound
     both against fp64). maxnreg: ptxas' register cap per thread (launch sweeps)."""
     B, T, HV, C = A.shape

@@ -328,7 +328,6 @@ def _solve_args(solve_method, solve_iters, C):
 # B=8, T=4096, HV=32: 132 µs against this file's tl kernel's 223) or the tl one below, which
 # is also the interpreter's and every other case's.
 KERNELS = ("auto", "triton", "gluon")
-GLUON_SOLVE = True
 
 
 def _use_gluon(kernel, A, solve_method, tl_options, maxnreg):
@@ -351,7 +350,7 @@ def _use_gluon(kernel, A, solve_method, tl_options, maxnreg):
                              f"{torch.cuda.get_device_name(A.device)}")
     if kernel != "auto":
         return kernel == "gluon"
-    return (GLUON_SOLVE and A.is_cuda and A.shape[-1] == 64 and solve_method == "blocked"
+    return (A.is_cuda and A.shape[-1] == 64 and solve_method == "blocked"
             and not tl_options and maxnreg is None and _gluon_device(A.device))
 
 
@@ -387,18 +386,19 @@ def _check_a(A, output_dtype, cu_seqlens, chunk_indices, num_chunks):
 def kkt_solve(A, output_dtype=torch.float32, cu_seqlens=None, chunk_indices=None,
               num_chunks=None, dot_precision=DOT_PRECISION, solve_method="blocked", solve_iters=None,
               num_warps=None, diag="substitution", maxnreg=None, prefetch=False, kernel="auto"):
-    """(I + A)⁻¹ per chunk. A: [B, T, HV, C] fp32 strictly lower (row t holds its chunk row;
-    C in {16, 32, 64}); returns T of the same shape in ``output_dtype`` (fp32 or the input dtype).
+    """(I + A)⁻¹ per chunk. A: [B, T, HV, C] strictly lower, fp32 (any float dtype is computed in
+    fp32; row t holds its chunk row; C in {16, 32, 64}); returns T of the same shape in
+    ``output_dtype`` (fp32, fp16 or bf16).
 
     solve_method: "blocked" (default), "mxr" or "newton_schulz" (``solve_iters`` steps, default
     2·log2(C) + 2). num_warps: default NUM_WARPS[solve_method]; maxnreg: a register cap per
     thread for ptxas (default MAXNREG_FROM_A for blocked at its default warps) and prefetch:
     load the coupling blocks before the diagonal inversion
-    (launch sweeps only, see REGISTER_FOOTPRINT). kernel: "auto" (the Gluon kernel where
-    GLUON_SOLVE and the case allow: CUDA sm_80+, blocked, C = 64, default dot precision and
-    launch), "triton" (the tl kernel) or "gluon" (C = 64, blocked; maxnreg applies). Only the
-    strict lower part of A is read; any float dtype is computed in fp32. Raises ValueError for
-    another shape, chunk size, method or kernel, packed input of batch > 1 or without its
+    (launch sweeps only, see REGISTER_FOOTPRINT). kernel: "auto" (the Gluon kernel where the
+    case allows: NVIDIA sm_80+, blocked, C = 64, default dot precision and launch), "triton"
+    (the tl kernel) or "gluon" (C = 64, blocked; maxnreg applies). Only the strict lower part
+    of A is read. Source: seed 000 (the kkt_solve article), seed 001 Table 2. Raises ValueError
+    for another shape, chunk size, method or kernel, packed input of batch > 1 or without its
     chunk indices (chunk_index.chunk_layout), TypeError for non-float A or output dtype."""
     _check_a(A, output_dtype, cu_seqlens, chunk_indices, num_chunks)
     A = A.contiguous()

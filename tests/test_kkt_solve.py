@@ -213,10 +213,11 @@ def test_gluon_kernel_against_fp64(gate):
         bf = kkt_solve(A, torch.bfloat16, kernel="gluon", **idx)
         # rounded to nearest at the store, as .to(bfloat16) rounds
         assert ((bf.float() - Ai).abs() <= Ai.abs() * 2 ** -8 + 1e-38).all()  # + subnormals
-        tiles_A = chunk_tiles(A, 64) if lens is None else [
-            t for s, n in zip([0, 700, 700], lens) for t in chunk_tiles(A[:, s:s + n], 64)]
-        tiles_T = chunk_tiles(Ai, 64) if lens is None else [
-            t for s, n in zip([0, 700, 700], lens) for t in chunk_tiles(Ai[:, s:s + n], 64)]
+        def tiles(X):  # every chunk tile, sequence by sequence when packed
+            if lens is None:
+                return chunk_tiles(X, 64)
+            return [t for s, n in zip([0, 700, 700], lens) for t in chunk_tiles(X[:, s:s + n], 64)]
+        tiles_A, tiles_T = tiles(A), tiles(Ai)
         worst = offdiag = 0.
         for a, t in zip(tiles_A, tiles_T):
             ref = torch.linalg.inv(torch.eye(a.shape[0], dtype=torch.float64, device="cuda")
