@@ -124,7 +124,7 @@ def bench_kkt_solve(bandwidth, solve_tril, B=8, T=4096):
     import triton
     from gdn_fused.kernels.chunk_gate import chunk_cumsum
     from gdn_fused.kernels.kkt import chunk_kkt
-    from gdn_fused.kernels.kkt_solve import kkt_solve
+    from gdn_fused.kernels.kkt_solve import kkt_solve, kkt_solve_from_k
     q, k, v, g, beta, _ = make_inputs(B, T)
     A = chunk_kkt(k, chunk_cumsum(g, CHUNK), beta, HV, CHUNK)
     ref = torch.linalg.inv(torch.eye(CHUNK, device="cuda", dtype=torch.float64) + A.double()
@@ -143,6 +143,13 @@ def bench_kkt_solve(bandwidth, solve_tril, B=8, T=4096):
     row["tl_us"] = 1e3 * triton.testing.do_bench(
         lambda: kkt_solve(A, torch.bfloat16, kernel="triton"), return_mode="median")
     row["ours_frac_bw"] = row["floor_us"] / row["ours_us"]
+    # the forward's route from the keys (chunk_inverse): chunk_kkt + kkt_solve against the
+    # Gluon kernel that forms A on chip (kkt_solve_from_k; A never in HBM)
+    G = chunk_cumsum(g, CHUNK)
+    row["kkt_plus_solve_us"] = 1e3 * triton.testing.do_bench(
+        lambda: kkt_solve(chunk_kkt(k, G, beta, HV, CHUNK), torch.bfloat16), return_mode="median")
+    row["from_k_us"] = 1e3 * triton.testing.do_bench(
+        lambda: kkt_solve_from_k(k, G, beta, HV, CHUNK, torch.bfloat16), return_mode="median")
     if solve_tril is not None:
         ms = triton.testing.do_bench(lambda: solve_tril(A, output_dtype=torch.bfloat16),
                                      return_mode="median")
@@ -171,8 +178,11 @@ def bench_stages(B=1, T=32768):
     h, v_new, _ = chunk_state(k, w, u, G, h0, True, CHUNK, B, dot_precision=prec)
     stages = {
         "chunk_cumsum": lambda: chunk_cumsum(g, CHUNK),
+        # chunk_inverse's route on this GPU (the Gluon kernel from k), then the tl one and
+        # the route through HBM (kernels/kkt_solve.py A_THROUGH_HBM)
         "kkt_solve_from_k": lambda: kkt_solve_from_k(k, G, beta, HV, CHUNK, torch.bfloat16),
-        # chunk_inverse's other route (kernels/kkt_solve.py A_THROUGH_HBM): A through HBM
+        "kkt_solve_from_k tl": lambda: kkt_solve_from_k(k, G, beta, HV, CHUNK, torch.bfloat16,
+                                                        kernel="triton"),
         "chunk_kkt": lambda: chunk_kkt(k, G, beta, HV, CHUNK),
         "chunk_kkt + kkt_solve": lambda: kkt_solve(chunk_kkt(k, G, beta, HV, CHUNK),
                                                    torch.bfloat16),
@@ -291,6 +301,16 @@ def bench_bwd_stages(B=1, T=32768):
         "wu_bwd": lambda: wu_bwd(k, v, g, beta, Ai, dw, dv2, dk, dg_part, CHUNK,
                                  dot_precision=prec, **idx),
     }
+    # launch variants of the two largest chunk-parallel kernels (defaults: 64 value columns a
+    # step, 4 warps, Triton's stages), timed on 2026-11-30 at 1,830 and 1,351 µs
+    for kw in (dict(num_warps=8), dict(block_v=32), dict(block_v=128, num_warps=8),
+               dict(num_stages=1), dict(num_stages=3)):
+        label = ", ".join(f"{a}={b}" for a, b in kw.items())
+        stages[f"chunk_bwd_dqkwg {label}"] = lambda kw=kw: chunk_bwd_dqkwg(
+            q, k, v_new, h, dh, g, do, dv2, scale, CHUNK, chunk_offsets=offsets,
+            dot_precision=prec, **idx, **kw)
+        stages[f"wu_bwd {label}"] = lambda kw=kw: wu_bwd(
+            k, v, g, beta, Ai, dw, dv2, dk, dg_part, CHUNK, dot_precision=prec, **idx, **kw)
     row = {name: 1e3 * triton.testing.do_bench(fn, return_mode="median")
            for name, fn in stages.items()}
     print(f"backward stages at B={B}, T={T}, µs:", {k: round(v, 1) for k, v in row.items()},

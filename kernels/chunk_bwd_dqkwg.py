@@ -118,7 +118,7 @@ def chunk_bwd_dqkwg_kernel(q, k, v_new, h, dh, g, do, dv2, dq, dk, dw, dg, cu_se
 
 def chunk_bwd_dqkwg(q, k, v_new, h, dh, g, do, dv2, scale, chunk_size, cu_seqlens=None,
                     chunk_indices=None, chunk_offsets=None, num_chunks=None,
-                    dot_precision="ieee"):
+                    dot_precision="ieee", block_v=None, **launch):
     """Gradients through the output and the state update, per chunk and value head.
 
     Args:
@@ -128,7 +128,8 @@ def chunk_bwd_dqkwg(q, k, v_new, h, dh, g, do, dv2, scale, chunk_size, cu_seqlen
     Returns:
         ``(dq [B,T,HV,K] fp32, dk [B,T,HV,K] fp32 (partial), dw [B,T,HV,K] in k's dtype,
         dg [NK, B, T, HV] fp32 — per-token, per key block, partial)``, per value head (GVA
-        sums later).
+        sums later). ``block_v`` (value columns a loop step) and ``launch`` (num_warps,
+        num_stages) override the defaults for launch sweeps.
     """
     B, T, H, K = q.shape
     HV, V = do.shape[2], do.shape[3]
@@ -143,6 +144,6 @@ def chunk_bwd_dqkwg(q, k, v_new, h, dh, g, do, dv2, scale, chunk_size, cu_seqlen
     chunk_bwd_dqkwg_kernel[chunk_head_grid(NT, B, HV, NK)](
         q, k, v_new, h, dh, g, do, dv2, dq, dk, dw, dg, cu_seqlens, chunk_indices, chunk_offsets,
         scale, T, dg.stride(0), H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK,
-        BV=min(64, max(16, triton.next_power_of_2(V))), IS_VARLEN=cu_seqlens is not None,
-        DOT_PREC=dot_precision)
+        BV=block_v or min(64, max(16, triton.next_power_of_2(V))),
+        IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision, **launch)
     return dq, dk, dw, dg

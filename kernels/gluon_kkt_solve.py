@@ -63,6 +63,9 @@ MMA = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1
 # 32-bit operands: one element per 32 bits
 A_OP = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1))
 B_OP = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1))
+# 16-bit operands (the keys of kkt_solve_from_k_gluon): two elements per 32 bits
+A16_OP = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2))
+B16_OP = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2))
 
 
 @gluon.jit
@@ -173,30 +176,11 @@ def _as_b(x):
 
 
 @gluon.jit
-def kkt_solve_gluon_kernel(A, Ai, cu_seqlens, chunk_indices, T, NBH, HV: gl.constexpr,
-                           IS_VARLEN: gl.constexpr):
-    BT: gl.constexpr = NB * BLOCK
-    i_t, i_hv, bos, seqlen = _program(T, NBH, cu_seqlens, chunk_indices, HV, IS_VARLEN)
-    S: gl.constexpr = HV * BT  # row stride of A and T
-    row0 = i_t * BT
-    # the tile's first row in int64 (bos is): row0 · S alone passes 2³¹ past 2²⁰ tokens at HV = 32
-    a_tile = A + ((bos + row0) * HV + i_hv) * BT
-    t_tile = Ai + ((bos + row0) * HV + i_hv) * BT
-
-    # the ten blocks of A's lower triangle into shared memory first, all loads in flight at
-    # once: one memory latency a tile instead of one per substitution row and product
-    l_smem = gl.allocate_shared_memory(gl.float32, [NB * BLOCK, BLOCK], FLAT)
-    # (the six coupling blocks as 4 + 2: shared tiles have power-of-two shapes)
-    c_smem = (gl.allocate_shared_memory(gl.float32, [4 * BLOCK, BLOCK], FLAT),
-              gl.allocate_shared_memory(gl.float32, [2 * BLOCK, BLOCK], FLAT))
-    diag = _load_blocks(a_tile, S, row0, seqlen, 0, NB, True)
-    first = _load_blocks(a_tile, S, row0, seqlen, 0, 4, False)
-    rest = _load_blocks(a_tile, S, row0, seqlen, 4, 2, False)
-    _stack(l_smem, 0, NB).store(diag)
-    _stack(c_smem[0], 0, 4).store(first)
-    _stack(c_smem[1], 0, 2).store(rest)
-    gl.thread_barrier()
-
+def _solve_staged(l_smem, c_smem, t_tile, S, row0, seqlen):
+    """The blocked solve of a tile whose strictly lower A blocks are staged in shared memory
+    (the four diagonal ones in l_smem, the six coupling ones in c_smem, order of
+    _load_blocks): writes T = (I + A)⁻¹ at t_tile (row stride S; rows from row0 past seqlen
+    are not written). Overwrites l_smem with the diagonal inverses."""
     # diagonal blocks: T3[b, j, m] = (I + L_bb)⁻¹[m, j], row m by row, each thread its own two
     # columns j
     ob = gl.arange(0, NB, layout=gl.SliceLayout(1, gl.SliceLayout(2, COLUMNS)))[:, None, None]
@@ -251,6 +235,100 @@ def kkt_solve_gluon_kernel(A, Ai, cu_seqlens, chunk_indices, T, NBH, HV: gl.cons
     _store(t_tile, S, row0, seqlen, T30, 3, 0)
 
 
+@gluon.jit
+def _staging():
+    """The shared tiles of A's lower triangle: l_smem (the four diagonal blocks) and c_smem
+    (the six coupling blocks as 4 + 2: shared tiles have power-of-two shapes)."""
+    l_smem = gl.allocate_shared_memory(gl.float32, [NB * BLOCK, BLOCK], FLAT)
+    c_smem = (gl.allocate_shared_memory(gl.float32, [4 * BLOCK, BLOCK], FLAT),
+              gl.allocate_shared_memory(gl.float32, [2 * BLOCK, BLOCK], FLAT))
+    return l_smem, c_smem
+
+
+@gluon.jit
+def kkt_solve_gluon_kernel(A, Ai, cu_seqlens, chunk_indices, T, NBH, HV: gl.constexpr,
+                           IS_VARLEN: gl.constexpr):
+    BT: gl.constexpr = NB * BLOCK
+    i_t, i_hv, bos, seqlen = _program(T, NBH, cu_seqlens, chunk_indices, HV, IS_VARLEN)
+    S: gl.constexpr = HV * BT  # row stride of A and T
+    row0 = i_t * BT
+    # the tile's first row in int64 (bos is): row0 · S alone passes 2³¹ past 2²⁰ tokens at HV = 32
+    a_tile = A + ((bos + row0) * HV + i_hv) * BT
+    t_tile = Ai + ((bos + row0) * HV + i_hv) * BT
+
+    # the ten blocks of A's lower triangle into shared memory first, all loads in flight at
+    # once: one memory latency a tile instead of one per substitution row and product
+    l_smem, c_smem = _staging()
+    diag = _load_blocks(a_tile, S, row0, seqlen, 0, NB, True)
+    first = _load_blocks(a_tile, S, row0, seqlen, 0, 4, False)
+    rest = _load_blocks(a_tile, S, row0, seqlen, 4, 2, False)
+    _stack(l_smem, 0, NB).store(diag)
+    _stack(c_smem[0], 0, 4).store(first)
+    _stack(c_smem[1], 0, 2).store(rest)
+    gl.thread_barrier()
+    _solve_staged(l_smem, c_smem, t_tile, S, row0, seqlen)
+
+
+@gluon.jit
+def _gated_block(acc, G_tile, beta_tile, row0, seqlen, HV: gl.constexpr, ib: gl.constexpr,
+                 jb: gl.constexpr):
+    """Block (ib, jb) of A = strictLower(diag(β)(Γ ⊙ K Kᵀ)) from its K Kᵀ block acc (MMA
+    layout): chunk_kkt's arithmetic (the G difference in G's dtype, fp64, then exp in fp32),
+    0 on and above the diagonal and on rows past the sequence end."""
+    ri = ib * BLOCK + gl.arange(0, BLOCK, layout=gl.SliceLayout(1, MMA))
+    cj = jb * BLOCK + gl.arange(0, BLOCK, layout=gl.SliceLayout(0, MMA))
+    valid = row0 + ri < seqlen
+    G_i = gl.load(G_tile + ri * HV, mask=valid, other=0.)
+    G_j = gl.load(G_tile + cj * HV, mask=row0 + cj < seqlen, other=0.)
+    b_i = gl.load(beta_tile + ri * HV, mask=valid, other=0.).to(gl.float32)
+    mask = (ri[:, None] > cj[None, :]) & valid[:, None]
+    diff = (G_i[:, None] - G_j[None, :]).to(gl.float32)
+    return gl.where(mask, acc * gl.exp(gl.where(mask, diff, 0.)) * b_i[:, None], 0.)
+
+
+@gluon.jit
+def kkt_solve_from_k_gluon_kernel(k, G, beta, Ai, cu_seqlens, chunk_indices, T, NBH,
+                                  H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
+                                  KEYS: gl.constexpr, KEYS_SMEM: gl.constexpr,
+                                  IS_VARLEN: gl.constexpr):
+    """kkt_solve_gluon_kernel with A formed on chip: the chunk's keys [64, K] (16-bit) go into
+    shared memory once, each of the ten lower 16 × 16 blocks of K Kᵀ is one mma_v2 product
+    (bf16/fp16 in, fp32 accumulate, as chunk_kkt's tl.dot), gated and scaled as chunk_kkt
+    does, and stored where kkt_solve_gluon_kernel stages A. KEYS: the coalesced layout of the
+    key load; KEYS_SMEM: their shared layout (:func:`_key_layouts`)."""
+    BT: gl.constexpr = NB * BLOCK
+    i_t, i_hv, bos, seqlen = _program(T, NBH, cu_seqlens, chunk_indices, HV, IS_VARLEN)
+    i_h = i_hv // (HV // H)
+    S: gl.constexpr = HV * BT
+    row0 = i_t * BT
+    t_tile = Ai + ((bos + row0) * HV + i_hv) * BT
+    G_tile = G + (bos + row0) * HV + i_hv
+    beta_tile = beta + (bos + row0) * HV + i_hv
+
+    r = gl.arange(0, BT, layout=gl.SliceLayout(1, KEYS))
+    c = gl.arange(0, K, layout=gl.SliceLayout(0, KEYS))
+    keys = gl.load(k + ((bos + row0 + r) * H + i_h)[:, None] * K + c[None, :],
+                   mask=(row0 + r < seqlen)[:, None], other=0.)
+    k_smem = gl.allocate_shared_memory(k.dtype.element_ty, [BT, K], KEYS_SMEM)
+    k_smem.store(keys)
+    l_smem, c_smem = _staging()
+    gl.thread_barrier()
+    zero = gl.zeros([BLOCK, BLOCK], gl.float32, MMA)
+    for ib in gl.static_range(NB):
+        rows = k_smem.slice(ib * BLOCK, BLOCK, dim=0).load(A16_OP)
+        for jb in gl.static_range(ib + 1):
+            cols = k_smem.slice(jb * BLOCK, BLOCK, dim=0).permute((1, 0)).load(B16_OP)
+            a = _gated_block(mma_v2(rows, cols, zero), G_tile, beta_tile, row0, seqlen, HV,
+                             ib, jb)
+            if ib == jb:
+                l_smem.slice(ib * BLOCK, BLOCK, dim=0).store(a)
+            else:  # coupling block number ib(ib − 1)/2 + jb, as _load_blocks orders them
+                c_smem[(ib * (ib - 1) // 2 + jb) // 4].slice(
+                    (ib * (ib - 1) // 2 + jb) % 4 * BLOCK, BLOCK, dim=0).store(a)
+    gl.thread_barrier()
+    _solve_staged(l_smem, c_smem, t_tile, S, row0, seqlen)
+
+
 def kkt_solve_gluon(A, output_dtype=torch.float32, cu_seqlens=None, chunk_indices=None,
                     num_chunks=None, maxnreg=None):
     """(I + A)⁻¹ per chunk of 64 on a CUDA GPU (sm_80 or later): A [B, T, HV, 64] (fp32, or
@@ -268,4 +346,43 @@ def kkt_solve_gluon(A, output_dtype=torch.float32, cu_seqlens=None, chunk_indice
                                  IS_VARLEN=cu_seqlens is not None,
                                  num_warps=NUM_WARPS,
                                  **({} if maxnreg is None else {"maxnreg": maxnreg}))
+    return Ai
+
+
+def _key_layouts(K):
+    """(KEYS, KEYS_SMEM) of kkt_solve_from_k_gluon_kernel for K key columns of 16 bits: loads
+    of 16-byte vectors with consecutive lanes along a row, and the shared tile swizzled as
+    Triton swizzles mma_v2 operands (8-element vectors, 128-byte phases), so ldmatrix reads it
+    without bank conflicts."""
+    vec = 8
+    lanes_k = min(32, K // vec)
+    keys = gl.BlockedLayout(size_per_thread=[1, vec], threads_per_warp=[32 // lanes_k, lanes_k],
+                            warps_per_cta=[NUM_WARPS, 1], order=[1, 0])
+    per_phase = max(1, 128 // (K * 2))
+    smem = gl.SwizzledSharedLayout(vec, per_phase, max(1, 8 // per_phase), order=[1, 0])
+    return keys, smem
+
+
+def kkt_solve_from_k_gluon(k, G, beta, num_value_heads, output_dtype=torch.float32,
+                           cu_seqlens=None, chunk_indices=None, num_chunks=None):
+    """T = (I + strictLower(diag(β)(Γ ⊙ K Kᵀ)))⁻¹ per chunk of 64 on a CUDA GPU (sm_80 or
+    later), A formed on chip and never written: k [B, T, H, K] fp16/bf16 with K a power of two
+    in [16, 256], G [B, T, HV] chunk-cumulated (fp64 from chunk_cumsum), beta [B, T, HV]; returns
+    T [B, T, HV, 64] in ``output_dtype``. The same values as kkt_solve(chunk_kkt(k, G, beta))
+    up to fp32 rounding order (tests/test_kkt_solve.py). Inputs as checked by
+    kkt_solve.kkt_solve_from_k (call that); raises ValueError here for other key dtypes or
+    widths. Packed sequences as kkt_solve_gluon."""
+    B, T, H, K = k.shape
+    if k.dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"kkt_solve_from_k_gluon: k must be fp16 or bf16, got {k.dtype}")
+    if K < 16 or K > 256 or K & (K - 1):
+        raise ValueError(f"kkt_solve_from_k_gluon: K must be a power of two in [16, 256], "
+                         f"got {K}")
+    HV = num_value_heads
+    Ai = torch.empty(B, T, HV, CHUNK, dtype=output_dtype, device=k.device)
+    NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, CHUNK)
+    keys, keys_smem = _key_layouts(K)
+    kkt_solve_from_k_gluon_kernel[(NT * B * HV,)](
+        k, G, beta, Ai, cu_seqlens, chunk_indices, T, B * HV, H=H, HV=HV, K=K, KEYS=keys,
+        KEYS_SMEM=keys_smem, IS_VARLEN=cu_seqlens is not None, num_warps=NUM_WARPS)
     return Ai

@@ -330,11 +330,12 @@ def _solve_args(solve_method, solve_iters, C):
 KERNELS = ("auto", "triton", "gluon")
 
 
-def _use_gluon(kernel, A, solve_method, tl_options, maxnreg):
-    """Whether kkt_solve runs the Gluon kernel; tl_options: the tl kernel's launch options that
-    were changed from their defaults (by name); maxnreg applies to either kernel, and with
-    kernel="auto" it keeps the tl one (its register-cap sweep). Raises ValueError for an
-    unknown kernel and for a Gluon request it cannot honour."""
+def _use_gluon(kernel, A, solve_method, tl_options, maxnreg, chunk_size, name="A"):
+    """Whether kkt_solve runs the Gluon kernel on A (or kkt_solve_from_k on the keys A);
+    tl_options: the tl kernel's launch options that were changed from their defaults (by
+    name); maxnreg applies to either kernel, and with kernel="auto" it keeps the tl one (its
+    register-cap sweep). Raises ValueError for an unknown kernel and for a Gluon request it
+    cannot honour."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     if kernel == "gluon":
@@ -344,13 +345,13 @@ def _use_gluon(kernel, A, solve_method, tl_options, maxnreg):
             raise ValueError(f"{', '.join(tl_options)}: options of the tl kernel, not of the "
                              "Gluon one (kernel='gluon')")
         if not A.is_cuda:
-            raise ValueError(f"kernel='gluon' needs A on a CUDA device, got {A.device}")
+            raise ValueError(f"kernel='gluon' needs {name} on a CUDA device, got {A.device}")
         if not _gluon_device(A.device):
             raise ValueError(f"kernel='gluon' needs an NVIDIA GPU of sm_80 or later, got "
                              f"{torch.cuda.get_device_name(A.device)}")
     if kernel != "auto":
         return kernel == "gluon"
-    return (A.is_cuda and A.shape[-1] == 64 and solve_method == "blocked"
+    return (A.is_cuda and chunk_size == 64 and solve_method == "blocked"
             and not tl_options and maxnreg is None and _gluon_device(A.device))
 
 
@@ -408,7 +409,7 @@ def kkt_solve(A, output_dtype=torch.float32, cu_seqlens=None, chunk_indices=None
                                              ("num_warps", num_warps is not None),
                                              ("diag", diag != "substitution"),
                                              ("prefetch", bool(prefetch))) if changed]
-    if _use_gluon(kernel, A, solve_method, tl_options, maxnreg):
+    if _use_gluon(kernel, A, solve_method, tl_options, maxnreg, C):
         from gdn_fused.kernels.gluon_kkt_solve import kkt_solve_gluon
         return kkt_solve_gluon(A, output_dtype, cu_seqlens, chunk_indices, num_chunks, maxnreg)
     Ai = torch.empty(B, T, HV, C, dtype=output_dtype, device=A.device)
@@ -422,18 +423,46 @@ def kkt_solve(A, output_dtype=torch.float32, cu_seqlens=None, chunk_indices=None
     return Ai
 
 
+def _use_gluon_from_k(kernel, k, chunk_size, solve_method, tl_options, maxnreg):
+    """Whether kkt_solve_from_k runs the Gluon kernel (kernel as in kkt_solve; the Gluon one
+    also needs 16-bit keys and K a power of two in [16, 256]). Raises ValueError as
+    _use_gluon."""
+    K = k.shape[-1]
+    keys_fit = k.dtype in (torch.float16, torch.bfloat16) and 16 <= K <= 256 and not K & (K - 1)
+    if kernel == "gluon" and not keys_fit:
+        raise ValueError(f"kernel='gluon' from k needs fp16/bf16 keys with K a power of two in "
+                         f"[16, 256], got {k.dtype}, K = {K}")
+    if kernel == "gluon" and chunk_size != 64:
+        raise ValueError(f"kernel='gluon' needs chunk_size 64, got {chunk_size}")
+    return (_use_gluon(kernel, k, solve_method, tl_options, maxnreg, chunk_size, "k")
+            and keys_fit)
+
+
 def kkt_solve_from_k(k, G, beta, num_value_heads, chunk_size, output_dtype=torch.float32,
                      cu_seqlens=None, chunk_indices=None, num_chunks=None,
                      dot_precision=DOT_PRECISION,
                      solve_method="blocked", solve_iters=None, num_warps=None,
-                     diag="substitution", maxnreg=None, prefetch=False):
+                     diag="substitution", maxnreg=None, prefetch=False, kernel="auto"):
     """The fused kkt variant: T = (I + strictLower(diag(β)(Γ ⊙ K Kᵀ)))⁻¹ built from k [B,T,H,K],
     G (chunk-cumulated, fp64) and beta [B,T,HV] on chip, without writing A to HBM.
 
-    Returns T [B, T, HV, chunk_size] in ``output_dtype``; equals kkt_solve(chunk_kkt(...))."""
+    Returns T [B, T, HV, chunk_size] in ``output_dtype``; equals kkt_solve(chunk_kkt(...)) up to
+    fp32 rounding order. kernel: "auto" (the Gluon kernel of kernels/gluon_kkt_solve.py where
+    the case allows: NVIDIA sm_80+, fp16/bf16 keys, K a power of two in [16, 256], chunk 64,
+    blocked, default launch), "triton" (the tl kernel below, which spills: see
+    A_THROUGH_HBM) or "gluon". Raises ValueError as kkt_solve for a method or kernel the case
+    cannot take."""
     B, T, H, K = k.shape
     HV, C = num_value_heads, chunk_size
     iters = _solve_args(solve_method, solve_iters, C)
+    tl_options = [name for name, changed in (("dot_precision", dot_precision != DOT_PRECISION),
+                                             ("num_warps", num_warps is not None),
+                                             ("diag", diag != "substitution"),
+                                             ("prefetch", bool(prefetch))) if changed]
+    if _use_gluon_from_k(kernel, k, C, solve_method, tl_options, maxnreg):
+        from gdn_fused.kernels.gluon_kkt_solve import kkt_solve_from_k_gluon
+        return kkt_solve_from_k_gluon(k, G, beta, HV, output_dtype, cu_seqlens, chunk_indices,
+                                      num_chunks)
     Ai = torch.empty(B, T, HV, C, dtype=output_dtype, device=k.device)
     NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, C)
     kkt_solve_kernel[chunk_head_grid(NT, B, HV)](
@@ -445,13 +474,15 @@ def kkt_solve_from_k(k, G, beta, num_value_heads, chunk_size, output_dtype=torch
     return Ai
 
 
-# How the forward and backward get every chunk's T (chunk_inverse): A formed by chunk_kkt and
-# inverted from HBM by kkt_solve, or A's blocks formed inside the one-warp kkt_solve_from_k (A
-# never written). One warp cannot hold a chunk's keys (64×128 bf16 would be 128 registers a
-# thread), so from k it reloads a 16×128 key tile pair for each of the 10 blocks and spills
-# 1.1 KB; chunk_kkt forms K Kᵀ with one 4-warp product, and the A round trip costs 8 B × C per
-# token and value head (~130 µs at B=8, T=4096, HV=32 on 4.2 TB/s). H200, that shape: from k
-# 475 µs; from A 222 µs + chunk_kkt (predicted ~100 µs; eval.bench times both).
+# How the forward and backward get every chunk's T (chunk_inverse) when the Gluon kernel from
+# k cannot run (interpreter, fp32 keys, other chunk sizes and methods, non-NVIDIA): A formed by
+# chunk_kkt and inverted from HBM by kkt_solve, or A's blocks formed inside the one-warp tl
+# kkt_solve_from_k (A never written). One tl warp cannot hold a chunk's keys (64×128 bf16 would
+# be 128 registers a thread), so from k it reloads a 16×128 key tile pair for each of the 10
+# blocks and spills 1.1 KB; chunk_kkt forms K Kᵀ with one 4-warp product, and the A round trip
+# costs 8 B × C per token and value head (~130 µs at B=8, T=4096, HV=32 on 4.2 TB/s). H200,
+# (1, 32768): tl from k 435 µs; chunk_kkt 178 + kkt_solve 128 µs. The Gluon kernel from k
+# stages the keys in shared memory instead, so it takes the GPU default (kernel="auto").
 A_THROUGH_HBM = True
 
 
@@ -460,10 +491,11 @@ def chunk_inverse(k, G, beta, num_value_heads, chunk_size, output_dtype=torch.fl
                   solve_method="blocked", solve_iters=None):
     """T = (I + strictLower(diag(β)(Γ ⊙ K Kᵀ)))⁻¹ [B, T, HV, C] of every chunk from k [B,T,H,K],
     G [B,T,HV] (chunk-cumulated, fp64) and beta [B,T,HV] — the entry point of the materialized
-    forward, the fused kernel's precomputed inverse and the backward's recompute. Goes through
-    chunk_kkt + kkt_solve or kkt_solve_from_k as A_THROUGH_HBM says (same T up to rounding:
-    tests/test_kkt_solve.py); arguments as :func:`kkt_solve_from_k`."""
-    if A_THROUGH_HBM:
+    forward, the fused kernel's precomputed inverse and the backward's recompute. Runs the Gluon
+    kkt_solve_from_k where it can (A never in HBM), else chunk_kkt + kkt_solve or the tl
+    kkt_solve_from_k as A_THROUGH_HBM says (same T up to rounding: tests/test_kkt_solve.py);
+    arguments as :func:`kkt_solve_from_k`."""
+    if A_THROUGH_HBM and not _use_gluon_from_k("auto", k, chunk_size, solve_method, [], None):
         from gdn_fused.kernels.kkt import chunk_kkt
         A = chunk_kkt(k, G, beta, num_value_heads, chunk_size, cu_seqlens, chunk_indices,
                       num_chunks)

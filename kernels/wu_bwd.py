@@ -105,7 +105,7 @@ def wu_bwd_kernel(k, v, g, beta, Ai, dw, dv2, dk, dg_part, dv, dbeta, dg, cu_seq
 
 
 def wu_bwd(k, v, g, beta, Ai, dw, dv2, dk, dg_part, chunk_size, cu_seqlens=None,
-           chunk_indices=None, num_chunks=None, dot_precision="ieee"):
+           chunk_indices=None, num_chunks=None, dot_precision="ieee", block_v=None, **launch):
     """Finish the per-value-head gradients of a chunk.
 
     Args:
@@ -115,7 +115,8 @@ def wu_bwd(k, v, g, beta, Ai, dw, dv2, dk, dg_part, chunk_size, cu_seqlens=None,
         dg_part: ``[NK, B, T, HV]`` fp32 per-token partial dg (kernels/chunk_bwd_dqkwg.py).
     Returns:
         ``(dv like v, dbeta like beta, dg like g)``; a packed buffer's tail past
-        cu_seqlens[-1] is exactly 0.
+        cu_seqlens[-1] is exactly 0. ``block_v`` (value columns a loop step) and ``launch``
+        (num_warps, num_stages) override the defaults for launch sweeps.
     """
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
@@ -130,6 +131,6 @@ def wu_bwd(k, v, g, beta, Ai, dw, dv2, dk, dg_part, chunk_size, cu_seqlens=None,
     wu_bwd_kernel[chunk_head_grid(NT, B, HV)](
         k, v, g, beta, Ai, dw, dv2, dk, dg_part, dv, dbeta, dg, cu_seqlens, chunk_indices, T,
         dg_part.stride(0), NK=NK, H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK,
-        BV=min(64, max(16, triton.next_power_of_2(V))), IS_VARLEN=cu_seqlens is not None,
-        DOT_PREC=dot_precision)
+        BV=block_v or min(64, max(16, triton.next_power_of_2(V))),
+        IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision, **launch)
     return dv, dbeta, dg

@@ -185,14 +185,47 @@ def test_gluon_kernel_compiles_for_each_case():
 
 
 def _packed_with_empty_sequence(gate, device):
-    """A of three packed sequences (lengths 700, 0, 333: partial last chunks, an empty one)."""
+    """A of three packed sequences (lengths 700, 0, 333: partial last chunks, an empty one),
+    its packing arguments, the lengths and the (k, G, beta) A is formed from."""
     from gdn_fused.kernels.chunk_index import chunk_layout
     lens = [700, 0, 333]
     cu = torch.tensor([0, 700, 700, 1033], dtype=torch.int32, device=device)
     q, k, v, g, beta, _ = make_inputs(1, sum(lens), 4, 12, 128, 128, gate=gate, device=device)
     _, _, idx = chunk_layout(cu, 1, 64)
     G = chunk_cumsum(g, 64, **idx)
-    return chunk_kkt(k, G, beta, 12, 64, **idx), idx, lens
+    return chunk_kkt(k, G, beta, 12, 64, **idx), idx, lens, (k, G, beta)
+
+
+def test_gluon_from_k_compiles_for_each_case():
+    """The Gluon kkt_solve from k compiles for sm_90 and sm_80, dense and packed, K = 128 and
+    64, bf16 and fp16 keys: the solve's 192 mma.sync plus K Kᵀ's ten 16 × 16 blocks (2 n8 × K/16
+    k16 steps each), no spills; its values: the gpu test below."""
+    from gdn_fused.eval.ptxas import compile_report
+    from gdn_fused.kernels.gluon_kkt_solve import _key_layouts, kkt_solve_from_k_gluon_kernel
+    for arch, varlen, K, keys, out in [(90, False, 128, "*bf16", "*bf16"),
+                                       (90, True, 64, "*fp16", "*fp32"),
+                                       (80, False, 128, "*bf16", "*fp32")]:
+        layout, shared = _key_layouts(K)
+        sig = {"k": keys, "G": "*fp64", "beta": "*fp32", "Ai": out, "cu_seqlens": "*i32",
+               "chunk_indices": "*i32", "T": "i32", "NBH": "i32"}
+        r = compile_report(kkt_solve_from_k_gluon_kernel, sig,
+                           dict(H=16, HV=32, K=K, KEYS=layout, KEYS_SMEM=shared,
+                                IS_VARLEN=varlen), arch, num_warps=1)
+        assert r["features"]["mma.sync"] == 192 + 10 * 2 * K // 16, (arch, K, r)
+        assert r["spill_stores"] == 0, (arch, K, r)
+
+
+def test_gluon_from_k_refusals():
+    """kernel='gluon' from k refuses what the Gluon kernel cannot take, before any launch."""
+    k, G, beta, _ = setup(64)
+    with pytest.raises(ValueError, match="fp16/bf16 keys"):
+        kkt_solve_from_k(k, G, beta, 2, 64, kernel="gluon")  # fp32 keys
+    with pytest.raises(ValueError, match="chunk_size 64"):
+        kkt_solve_from_k(k.half(), G, beta, 2, 32, kernel="gluon")
+    with pytest.raises(ValueError, match="k on a CUDA device"):
+        kkt_solve_from_k(k.half(), G, beta, 2, 64, kernel="gluon")
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        kkt_solve_from_k(k, G, beta, 2, 64, kernel="cuda")
 
 
 @pytest.mark.gpu
@@ -204,7 +237,7 @@ def test_gluon_kernel_against_fp64(gate):
     q, k, v, g, beta, _ = make_inputs(2, 1000, 4, 12, 128, 128, gate=gate, device="cuda")
     G = chunk_cumsum(g, 64)
     cases = [(chunk_kkt(k, G, beta, 12, 64), {}, None)]
-    cases.append(_packed_with_empty_sequence(gate, "cuda"))
+    cases.append(_packed_with_empty_sequence(gate, "cuda")[:3])
     for A, idx, lens in cases:
         Ai = kkt_solve(A, kernel="gluon", **idx)
         assert torch.equal(Ai, kkt_solve(A, **idx))  # auto picks it on this GPU
@@ -237,3 +270,35 @@ def test_gluon_kernel_against_fp64(gate):
                            kkt_solve(A.bfloat16().float(), kernel="gluon", **idx))
         # T far from I unless the decay is strong: agreeing with fp64 means something
         assert offdiag > (0 if gate == "strong" else 0.1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gate", ["normal", "zero", "strong"])
+def test_gluon_from_k_against_fp64(gate):
+    """The Gluon kkt_solve from k (A formed on chip from bf16 keys) on dense input with a
+    partial last chunk and GVA 3, and on packed input with an empty sequence: against the fp64
+    inverse of the A that chunk_kkt forms from the same keys, and against kkt_solve of that A
+    (the same products, summed in another order). chunk_inverse takes it on this GPU."""
+    q, k, v, g, beta, _ = make_inputs(2, 1000, 4, 12, 128, 128, gate=gate, device="cuda")
+    G = chunk_cumsum(g, 64)
+    packed = _packed_with_empty_sequence(gate, "cuda")
+    cases = [((k.bfloat16(), G, beta), {}, None), ((packed[3][0].bfloat16(), *packed[3][1:]),
+                                                   packed[1], packed[2])]
+    for (kb, Gc, bc), idx, lens in cases:
+        Af = kkt_solve_from_k(kb, Gc, bc, 12, 64, kernel="gluon", **idx)
+        assert torch.equal(Af, kkt_solve_from_k(kb, Gc, bc, 12, 64, **idx))  # auto
+        assert torch.equal(Af, chunk_inverse(kb, Gc, bc, 12, 64, **idx))
+        A = chunk_kkt(kb, Gc, bc, 12, 64, **idx)
+        diff = (Af - kkt_solve(A, **idx)).abs().max().item()
+        starts = [0] if lens is None else [0, 700, 700]
+        worst = 0.
+        for b in range(A.shape[0]):
+            for s0, n in zip(starts, lens or [A.shape[1]]):
+                for a, t in zip(chunk_tiles(A[b:b + 1, s0:s0 + n], 64),
+                                chunk_tiles(Af[b:b + 1, s0:s0 + n], 64)):
+                    ref = torch.linalg.inv(torch.eye(a.shape[0], dtype=torch.float64,
+                                                     device="cuda") + a.double())
+                    worst = max(worst, (t.double() - ref).abs().max().item())
+        print(f"gluon kkt_solve from k {gate} {'dense' if lens is None else 'packed'}: max abs "
+              f"{worst:.2e} vs fp64, {diff:.2e} vs from A")
+        assert worst <= 1e-5 and diff <= 1e-5
