@@ -138,16 +138,9 @@ def _load_blocks(a_tile, S, row0, seqlen, k0: gl.constexpr, n: gl.constexpr,
 
 
 @gluon.jit
-def _operand(smem, b: gl.constexpr, layout: gl.constexpr):
-    """16 × 16 block b of a [K · 16, 16] shared tile (rows 16b .. 16b + 15), loaded in an mma
-    operand layout and split."""
-    return _split(smem.slice(b * BLOCK, BLOCK, dim=0).load(layout))
-
-
-@gluon.jit
-def _coupling_block(c_smem, k: gl.constexpr):
-    """Coupling block k (order of _load_blocks) as a split A operand."""
-    return _operand(c_smem[k // 4], k % 4, A_OP)
+def _operand(block, layout: gl.constexpr):
+    """A [16, 16] shared block loaded in an mma operand layout and split."""
+    return _split(block.load(layout))
 
 
 @gluon.jit
@@ -176,18 +169,18 @@ def _as_b(x):
 
 
 @gluon.jit
-def _solve_staged(l_smem, c_smem, t_tile, S, row0, seqlen):
-    """The blocked solve of a tile whose strictly lower A blocks are staged in shared memory
-    (the four diagonal ones in l_smem, the six coupling ones in c_smem, order of
-    _load_blocks): writes T = (I + A)⁻¹ at t_tile (row stride S; rows from row0 past seqlen
-    are not written). Overwrites l_smem with the diagonal inverses."""
+def _solve_staged(l3, diag, cpl, t_tile, S, row0, seqlen):
+    """The blocked solve of a tile whose strictly lower A blocks are staged in shared memory:
+    l3 the four diagonal ones as a [4, 16, 16] view and diag the same four as [16, 16] views
+    (a rank-3 shared view cannot be indexed in Triton 3.6), cpl the six coupling ones as
+    [16, 16] views in the order of _load_blocks. Writes T = (I + A)⁻¹ at t_tile (row stride S; rows
+    from row0 past seqlen are not written); overwrites l3 with the diagonal inverses."""
     # diagonal blocks: T3[b, j, m] = (I + L_bb)⁻¹[m, j], row m by row, each thread its own two
     # columns j
     ob = gl.arange(0, NB, layout=gl.SliceLayout(1, gl.SliceLayout(2, COLUMNS)))[:, None, None]
     oj = gl.arange(0, BLOCK, layout=gl.SliceLayout(0, gl.SliceLayout(2, COLUMNS)))[None, :, None]
     om = gl.arange(0, BLOCK, layout=gl.SliceLayout(0, gl.SliceLayout(1, COLUMNS)))[None, None, :]
     T3 = gl.where(oj == om, 1., gl.zeros([NB, BLOCK, BLOCK], gl.float32, COLUMNS))
-    l3 = _stack(l_smem, 0, NB)
     for i in gl.static_range(1, BLOCK):
         # row i of every block, whole in each thread: [NB, 1, 16]
         L_i = l3.slice(i, 1, dim=1).load(COLUMNS)
@@ -196,7 +189,6 @@ def _solve_staged(l_smem, c_smem, t_tile, S, row0, seqlen):
     gl.thread_barrier()  # every row of L read before the inverses overwrite it
     # the inverses through shared memory (transposed back to [b, row, column]), where each is
     # read in the operand layouts it enters
-    d_smem = l_smem
     l3.permute((0, 2, 1)).store(T3)
     gl.thread_barrier()
     # the diagonal blocks and the zero blocks above them go out in 16-byte rows
@@ -210,39 +202,29 @@ def _solve_staged(l_smem, c_smem, t_tile, S, row0, seqlen):
     # coupling blocks, Bunch–Hopcroft order as kkt_solve_kernel: first sub-diagonal, then the
     # second and third reusing it. Every operand is loaded (shared memory, or A from L1/L2)
     # and split where it is used, not held: registers per thread set the tiles in flight
-    T10 = -_mma3(_operand(d_smem, 1, A_OP), _as_b(_mma3(_coupling_block(c_smem, 0),
-                                                _operand(d_smem, 0, B_OP), zero)), zero)
+    T10 = -_mma3(_operand(diag[1], A_OP), _as_b(_mma3(_operand(cpl[0], A_OP),
+                                                _operand(diag[0], B_OP), zero)), zero)
     _store(t_tile, S, row0, seqlen, T10, 1, 0)
-    T21 = -_mma3(_operand(d_smem, 2, A_OP), _as_b(_mma3(_coupling_block(c_smem, 2),
-                                                _operand(d_smem, 1, B_OP), zero)), zero)
+    T21 = -_mma3(_operand(diag[2], A_OP), _as_b(_mma3(_operand(cpl[2], A_OP),
+                                                _operand(diag[1], B_OP), zero)), zero)
     _store(t_tile, S, row0, seqlen, T21, 2, 1)
-    T32 = -_mma3(_operand(d_smem, 3, A_OP), _as_b(_mma3(_coupling_block(c_smem, 5),
-                                                _operand(d_smem, 2, B_OP), zero)), zero)
+    T32 = -_mma3(_operand(diag[3], A_OP), _as_b(_mma3(_operand(cpl[5], A_OP),
+                                                _operand(diag[2], B_OP), zero)), zero)
     _store(t_tile, S, row0, seqlen, T32, 3, 2)
     T10_b = _as_b(T10)
-    P20 = _mma3(_coupling_block(c_smem, 1), _operand(d_smem, 0, B_OP), zero)
-    P20 = _mma3(_coupling_block(c_smem, 2), T10_b, P20)
-    T20 = -_mma3(_operand(d_smem, 2, A_OP), _as_b(P20), zero)
+    P20 = _mma3(_operand(cpl[1], A_OP), _operand(diag[0], B_OP), zero)
+    P20 = _mma3(_operand(cpl[2], A_OP), T10_b, P20)
+    T20 = -_mma3(_operand(diag[2], A_OP), _as_b(P20), zero)
     _store(t_tile, S, row0, seqlen, T20, 2, 0)
-    P31 = _mma3(_coupling_block(c_smem, 4), _operand(d_smem, 1, B_OP), zero)
-    P31 = _mma3(_coupling_block(c_smem, 5), _as_b(T21), P31)
-    T31 = -_mma3(_operand(d_smem, 3, A_OP), _as_b(P31), zero)
+    P31 = _mma3(_operand(cpl[4], A_OP), _operand(diag[1], B_OP), zero)
+    P31 = _mma3(_operand(cpl[5], A_OP), _as_b(T21), P31)
+    T31 = -_mma3(_operand(diag[3], A_OP), _as_b(P31), zero)
     _store(t_tile, S, row0, seqlen, T31, 3, 1)
-    P30 = _mma3(_coupling_block(c_smem, 3), _operand(d_smem, 0, B_OP), zero)
-    P30 = _mma3(_coupling_block(c_smem, 4), T10_b, P30)
-    P30 = _mma3(_coupling_block(c_smem, 5), _as_b(T20), P30)
-    T30 = -_mma3(_operand(d_smem, 3, A_OP), _as_b(P30), zero)
+    P30 = _mma3(_operand(cpl[3], A_OP), _operand(diag[0], B_OP), zero)
+    P30 = _mma3(_operand(cpl[4], A_OP), T10_b, P30)
+    P30 = _mma3(_operand(cpl[5], A_OP), _as_b(T20), P30)
+    T30 = -_mma3(_operand(diag[3], A_OP), _as_b(P30), zero)
     _store(t_tile, S, row0, seqlen, T30, 3, 0)
-
-
-@gluon.jit
-def _staging():
-    """The shared tiles of A's lower triangle: l_smem (the four diagonal blocks) and c_smem
-    (the six coupling blocks as 4 + 2: shared tiles have power-of-two shapes)."""
-    l_smem = gl.allocate_shared_memory(gl.float32, [NB * BLOCK, BLOCK], FLAT)
-    c_smem = (gl.allocate_shared_memory(gl.float32, [4 * BLOCK, BLOCK], FLAT),
-              gl.allocate_shared_memory(gl.float32, [2 * BLOCK, BLOCK], FLAT))
-    return l_smem, c_smem
 
 
 @gluon.jit
@@ -258,7 +240,10 @@ def kkt_solve_gluon_kernel(A, Ai, cu_seqlens, chunk_indices, T, NBH, HV: gl.cons
 
     # the ten blocks of A's lower triangle into shared memory first, all loads in flight at
     # once: one memory latency a tile instead of one per substitution row and product
-    l_smem, c_smem = _staging()
+    l_smem = gl.allocate_shared_memory(gl.float32, [NB * BLOCK, BLOCK], FLAT)
+    # (the six coupling blocks as 4 + 2: shared tiles have power-of-two shapes)
+    c_smem = (gl.allocate_shared_memory(gl.float32, [4 * BLOCK, BLOCK], FLAT),
+              gl.allocate_shared_memory(gl.float32, [2 * BLOCK, BLOCK], FLAT))
     diag = _load_blocks(a_tile, S, row0, seqlen, 0, NB, True)
     first = _load_blocks(a_tile, S, row0, seqlen, 0, 4, False)
     rest = _load_blocks(a_tile, S, row0, seqlen, 4, 2, False)
@@ -266,7 +251,12 @@ def kkt_solve_gluon_kernel(A, Ai, cu_seqlens, chunk_indices, T, NBH, HV: gl.cons
     _stack(c_smem[0], 0, 4).store(first)
     _stack(c_smem[1], 0, 2).store(rest)
     gl.thread_barrier()
-    _solve_staged(l_smem, c_smem, t_tile, S, row0, seqlen)
+    cpl = (c_smem[0].slice(0, BLOCK), c_smem[0].slice(BLOCK, BLOCK),
+           c_smem[0].slice(2 * BLOCK, BLOCK), c_smem[0].slice(3 * BLOCK, BLOCK),
+           c_smem[1].slice(0, BLOCK), c_smem[1].slice(BLOCK, BLOCK))
+    diag = (l_smem.slice(0, BLOCK), l_smem.slice(BLOCK, BLOCK), l_smem.slice(2 * BLOCK, BLOCK),
+            l_smem.slice(3 * BLOCK, BLOCK))
+    _solve_staged(_stack(l_smem, 0, NB), diag, cpl, t_tile, S, row0, seqlen)
 
 
 @gluon.jit
@@ -289,13 +279,19 @@ def _gated_block(acc, G_tile, beta_tile, row0, seqlen, HV: gl.constexpr, ib: gl.
 @gluon.jit
 def kkt_solve_from_k_gluon_kernel(k, G, beta, Ai, cu_seqlens, chunk_indices, T, NBH,
                                   H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
-                                  KEYS: gl.constexpr, KEYS_SMEM: gl.constexpr,
-                                  IS_VARLEN: gl.constexpr):
+                                  KA: gl.constexpr, KEYS: gl.constexpr,
+                                  KEYS_SMEM: gl.constexpr, IS_VARLEN: gl.constexpr):
     """kkt_solve_gluon_kernel with A formed on chip: the chunk's keys [64, K] (16-bit) go into
     shared memory once, each of the ten lower 16 × 16 blocks of K Kᵀ is one mma_v2 product
     (bf16/fp16 in, fp32 accumulate, as chunk_kkt's tl.dot), gated and scaled as chunk_kkt
-    does, and stored where kkt_solve_gluon_kernel stages A. KEYS: the coalesced layout of the
-    key load; KEYS_SMEM: their shared layout (:func:`_key_layouts`)."""
+    does, and staged for the solve **in the keys' own shared memory**: the fp32 blocks of
+    block row ib (ib + 1 KB) overwrite key rows 16ib … 16ib + 15 (32·KA bytes ≥ 4 KB), whose
+    last reader is that block row when the rows are taken in descending order and each row's
+    diagonal block first. One 16 KB buffer a tile instead of 16 + 10 KB: shared memory
+    bounds the tiles an SM holds (H200, (1, 32768): 264.5 µs with separate buffers, 8 tiles an
+    SM). KA = max(K, 128) key columns are staged (those past K as zeros), so that a block row
+    always has room. KEYS: the coalesced layout of the key load; KEYS_SMEM: their shared
+    layout (:func:`_key_layouts`)."""
     BT: gl.constexpr = NB * BLOCK
     i_t, i_hv, bos, seqlen = _program(T, NBH, cu_seqlens, chunk_indices, HV, IS_VARLEN)
     i_h = i_hv // (HV // H)
@@ -306,61 +302,53 @@ def kkt_solve_from_k_gluon_kernel(k, G, beta, Ai, cu_seqlens, chunk_indices, T, 
     beta_tile = beta + (bos + row0) * HV + i_hv
 
     r = gl.arange(0, BT, layout=gl.SliceLayout(1, KEYS))
-    c = gl.arange(0, K, layout=gl.SliceLayout(0, KEYS))
+    c = gl.arange(0, KA, layout=gl.SliceLayout(0, KEYS))
     keys = gl.load(k + ((bos + row0 + r) * H + i_h)[:, None] * K + c[None, :],
-                   mask=(row0 + r < seqlen)[:, None], other=0.)
-    k_smem = gl.allocate_shared_memory(k.dtype.element_ty, [BT, K], KEYS_SMEM)
+                   mask=(row0 + r < seqlen)[:, None] & (c < K)[None, :], other=0.)
+    k_smem = gl.allocate_shared_memory(k.dtype.element_ty, [BT, KA], KEYS_SMEM)
     k_smem.store(keys)
-    l_smem, c_smem = _staging()
+    # fp32 rows [ib·KA/2, (ib + 1)·KA/2) of the same bytes: block row ib's staging area,
+    # slot 0 (16 rows) its diagonal block, slot jb + 1 the block (ib, jb)
+    stage = k_smem._reinterpret(gl.float32, [NB * KA // 2, BLOCK], FLAT)
     gl.thread_barrier()
     zero = gl.zeros([BLOCK, BLOCK], gl.float32, MMA)
-    for ib in gl.static_range(NB):
-        rows = k_smem.slice(ib * BLOCK, BLOCK, dim=0).load(A16_OP)
-        for jb in gl.static_range(ib + 1):
-            cols = k_smem.slice(jb * BLOCK, BLOCK, dim=0).permute((1, 0)).load(B16_OP)
+    for ib in gl.static_range(NB - 1, -1, -1):
+        keys_ib = k_smem.slice(ib * BLOCK, BLOCK)
+        rows = keys_ib.load(A16_OP)
+        a = _gated_block(mma_v2(rows, keys_ib.permute((1, 0)).load(B16_OP), zero), G_tile,
+                         beta_tile, row0, seqlen, HV, ib, ib)
+        gl.thread_barrier()  # key rows 16ib … read by every thread: free for A's blocks now
+        stage.slice(ib * KA // 2, BLOCK).store(a)
+        for jb in gl.static_range(ib):  # key rows above 16ib: not overwritten yet
+            cols = k_smem.slice(jb * BLOCK, BLOCK).permute((1, 0)).load(B16_OP)
             a = _gated_block(mma_v2(rows, cols, zero), G_tile, beta_tile, row0, seqlen, HV,
                              ib, jb)
-            if ib == jb:
-                l_smem.slice(ib * BLOCK, BLOCK, dim=0).store(a)
-            else:  # coupling block number ib(ib − 1)/2 + jb, as _load_blocks orders them
-                c_smem[(ib * (ib - 1) // 2 + jb) // 4].slice(
-                    (ib * (ib - 1) // 2 + jb) % 4 * BLOCK, BLOCK, dim=0).store(a)
+            stage.slice(ib * KA // 2 + (jb + 1) * BLOCK, BLOCK).store(a)
     gl.thread_barrier()
-    _solve_staged(l_smem, c_smem, t_tile, S, row0, seqlen)
-
-
-def kkt_solve_gluon(A, output_dtype=torch.float32, cu_seqlens=None, chunk_indices=None,
-                    num_chunks=None, maxnreg=None):
-    """(I + A)⁻¹ per chunk of 64 on a CUDA GPU (sm_80 or later): A [B, T, HV, 64] (fp32, or
-    any float dtype, computed in fp32), strictly lower (only its strict lower part is read);
-    returns T [B, T, HV, 64] in ``output_dtype``. Inputs as checked by kkt_solve (call that);
-    raises ValueError here for a chunk size other than 64. Packed sequences as kkt_solve (cu_seqlens, chunk_indices, num_chunks).
-    Same values as ``kkt_solve(A, output_dtype)`` up to fp32 rounding order (the tests bound
-    both against fp64). maxnreg: ptxas' register cap per thread (launch sweeps)."""
-    B, T, HV, C = A.shape
-    if C != CHUNK:
-        raise ValueError(f"kkt_solve_gluon: chunk size (A.shape[-1]) must be {CHUNK}, got {C}")
-    Ai = torch.empty(B, T, HV, C, dtype=output_dtype, device=A.device)
-    NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, C)
-    kkt_solve_gluon_kernel[(NT * B * HV,)](A, Ai, cu_seqlens, chunk_indices, T, B * HV, HV=HV,
-                                 IS_VARLEN=cu_seqlens is not None,
-                                 num_warps=NUM_WARPS,
-                                 **({} if maxnreg is None else {"maxnreg": maxnreg}))
-    return Ai
+    R: gl.constexpr = KA // 2  # fp32 rows of a block row's area
+    cpl = (stage.slice(R + BLOCK, BLOCK), stage.slice(2 * R + BLOCK, BLOCK),
+           stage.slice(2 * R + 2 * BLOCK, BLOCK), stage.slice(3 * R + BLOCK, BLOCK),
+           stage.slice(3 * R + 2 * BLOCK, BLOCK), stage.slice(3 * R + 3 * BLOCK, BLOCK))
+    diag = (stage.slice(0, BLOCK), stage.slice(R, BLOCK), stage.slice(2 * R, BLOCK),
+            stage.slice(3 * R, BLOCK))
+    l3 = k_smem._reinterpret(gl.float32, [NB, R, BLOCK], STACK).slice(0, BLOCK, dim=1)
+    _solve_staged(l3, diag, cpl, t_tile, S, row0, seqlen)
 
 
 def _key_layouts(K):
-    """(KEYS, KEYS_SMEM) of kkt_solve_from_k_gluon_kernel for K key columns of 16 bits: loads
+    """(KA, KEYS, KEYS_SMEM) of kkt_solve_from_k_gluon_kernel for K key columns of 16 bits:
+    the staged width max(K, 128), loads
     of 16-byte vectors with consecutive lanes along a row, and the shared tile swizzled as
     Triton swizzles mma_v2 operands (8-element vectors, 128-byte phases), so ldmatrix reads it
     without bank conflicts."""
+    K = max(K, 128)
     vec = 8
     lanes_k = min(32, K // vec)
     keys = gl.BlockedLayout(size_per_thread=[1, vec], threads_per_warp=[32 // lanes_k, lanes_k],
                             warps_per_cta=[NUM_WARPS, 1], order=[1, 0])
     per_phase = max(1, 128 // (K * 2))
     smem = gl.SwizzledSharedLayout(vec, per_phase, max(1, 8 // per_phase), order=[1, 0])
-    return keys, smem
+    return K, keys, smem
 
 
 def kkt_solve_from_k_gluon(k, G, beta, num_value_heads, output_dtype=torch.float32,
@@ -381,8 +369,8 @@ def kkt_solve_from_k_gluon(k, G, beta, num_value_heads, output_dtype=torch.float
     HV = num_value_heads
     Ai = torch.empty(B, T, HV, CHUNK, dtype=output_dtype, device=k.device)
     NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, CHUNK)
-    keys, keys_smem = _key_layouts(K)
+    KA, keys, keys_smem = _key_layouts(K)
     kkt_solve_from_k_gluon_kernel[(NT * B * HV,)](
-        k, G, beta, Ai, cu_seqlens, chunk_indices, T, B * HV, H=H, HV=HV, K=K, KEYS=keys,
+        k, G, beta, Ai, cu_seqlens, chunk_indices, T, B * HV, H=H, HV=HV, K=K, KA=KA, KEYS=keys,
         KEYS_SMEM=keys_smem, IS_VARLEN=cu_seqlens is not None, num_warps=NUM_WARPS)
     return Ai

@@ -198,21 +198,22 @@ def _packed_with_empty_sequence(gate, device):
 
 def test_gluon_from_k_compiles_for_each_case():
     """The Gluon kkt_solve from k compiles for sm_90 and sm_80, dense and packed, K = 128 and
-    64, bf16 and fp16 keys: the solve's 192 mma.sync plus K Kᵀ's ten 16 × 16 blocks (2 n8 × K/16
-    k16 steps each), no spills; its values: the gpu test below."""
+    64, bf16 and fp16 keys: the solve's 192 mma.sync plus K Kᵀ's ten 16 × 16 blocks (2 n8 ×
+    KA/16 k16 steps each, KA = max(K, 128) staged columns), no spills, one 16 KB shared buffer
+    (keys, then A's blocks in their place); its values: the gpu test below."""
     from gdn_fused.eval.ptxas import compile_report
     from gdn_fused.kernels.gluon_kkt_solve import _key_layouts, kkt_solve_from_k_gluon_kernel
     for arch, varlen, K, keys, out in [(90, False, 128, "*bf16", "*bf16"),
                                        (90, True, 64, "*fp16", "*fp32"),
                                        (80, False, 128, "*bf16", "*fp32")]:
-        layout, shared = _key_layouts(K)
+        KA, layout, shared = _key_layouts(K)
         sig = {"k": keys, "G": "*fp64", "beta": "*fp32", "Ai": out, "cu_seqlens": "*i32",
                "chunk_indices": "*i32", "T": "i32", "NBH": "i32"}
         r = compile_report(kkt_solve_from_k_gluon_kernel, sig,
-                           dict(H=16, HV=32, K=K, KEYS=layout, KEYS_SMEM=shared,
+                           dict(H=16, HV=32, K=K, KA=KA, KEYS=layout, KEYS_SMEM=shared,
                                 IS_VARLEN=varlen), arch, num_warps=1)
-        assert r["features"]["mma.sync"] == 192 + 10 * 2 * K // 16, (arch, K, r)
-        assert r["spill_stores"] == 0, (arch, K, r)
+        assert r["features"]["mma.sync"] == 192 + 10 * 2 * KA // 16, (arch, K, r)
+        assert r["spill_stores"] == 0 and r["shared"] == 64 * KA * 2, (arch, K, r)
 
 
 def test_gluon_from_k_refusals():
