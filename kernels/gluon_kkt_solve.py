@@ -335,6 +335,26 @@ def kkt_solve_from_k_gluon_kernel(k, G, beta, Ai, cu_seqlens, chunk_indices, T, 
     _solve_staged(l3, diag, cpl, t_tile, S, row0, seqlen)
 
 
+def kkt_solve_gluon(A, output_dtype=torch.float32, cu_seqlens=None, chunk_indices=None,
+                    num_chunks=None, maxnreg=None):
+    """(I + A)⁻¹ per chunk of 64 on a CUDA GPU (sm_80 or later): A [B, T, HV, 64] (fp32, or
+    any float dtype, computed in fp32), strictly lower (only its strict lower part is read);
+    returns T [B, T, HV, 64] in ``output_dtype``. Inputs as checked by kkt_solve (call that);
+    raises ValueError here for a chunk size other than 64. Packed sequences as kkt_solve (cu_seqlens, chunk_indices, num_chunks).
+    Same values as ``kkt_solve(A, output_dtype)`` up to fp32 rounding order (the tests bound
+    both against fp64). maxnreg: ptxas' register cap per thread (launch sweeps)."""
+    B, T, HV, C = A.shape
+    if C != CHUNK:
+        raise ValueError(f"kkt_solve_gluon: chunk size (A.shape[-1]) must be {CHUNK}, got {C}")
+    Ai = torch.empty(B, T, HV, C, dtype=output_dtype, device=A.device)
+    NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, C)
+    kkt_solve_gluon_kernel[(NT * B * HV,)](A, Ai, cu_seqlens, chunk_indices, T, B * HV, HV=HV,
+                                 IS_VARLEN=cu_seqlens is not None,
+                                 num_warps=NUM_WARPS,
+                                 **({} if maxnreg is None else {"maxnreg": maxnreg}))
+    return Ai
+
+
 def _key_layouts(K):
     """(KA, KEYS, KEYS_SMEM) of kkt_solve_from_k_gluon_kernel for K key columns of 16 bits:
     the staged width max(K, 128), loads

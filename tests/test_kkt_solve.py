@@ -303,3 +303,16 @@ def test_gluon_from_k_against_fp64(gate):
         print(f"gluon kkt_solve from k {gate} {'dense' if lens is None else 'packed'}: max abs "
               f"{worst:.2e} vs fp64, {diff:.2e} vs from A")
         assert worst <= 1e-5 and diff <= 1e-5
+
+
+def test_gluon_launchers_refuse_before_launch():
+    """Both Gluon launchers exist and refuse what their kernels cannot take before any launch
+    (on the CPU too: these checks come first)."""
+    from gdn_fused.kernels.gluon_kkt_solve import kkt_solve_from_k_gluon, kkt_solve_gluon
+    k, G, beta, A = setup(32)
+    with pytest.raises(ValueError, match="chunk size .* must be 64"):
+        kkt_solve_gluon(A)
+    with pytest.raises(ValueError, match="fp16 or bf16"):
+        kkt_solve_from_k_gluon(k, G, beta, 2)
+    with pytest.raises(ValueError, match="power of two"):
+        kkt_solve_from_k_gluon(k[..., :24].half(), G, beta, 2)
