@@ -249,16 +249,36 @@ def bench_stages(B=1, T=32768):
     return row
 
 
-def bench_bwd_stages(B=1, T=32768):
+# Launch variants timed beside the defaults: (stage, options). The defaults were measured on
+# the H200 on 2026-11-30 at (1, 32768): chunk_bwd_state BV 16 / 32 / 64 1,563 / 934 / 1,675 µs
+# (32 taken); chunk_bwd_dqkwg 1,836 µs and wu_bwd 1,352 µs at 4 warps, 64 value columns a step
+# and Triton's stages, against 8 warps 2,809 / 2,278, 32 columns 1,876 / 1,341, one stage
+# 2,059 / 1,359, three stages 1,835 / 1,362.
+BWD_VARIANTS = [("chunk_bwd_state", dict(block_v=bv)) for bv in (16, 64)]
+# Shared memory and registers (eval.ptxas, sm_90a, K = V = 128): chunk_state's three stages
+# take 117 KB (one program an SM: 8 warps an SM at B·HV ≥ 132), two 81 KB; chunk_output holds
+# 150 registers at 4 warps (3 programs an SM), chunk_bwd_dqkwg 255 at 4 warps with 105 KB of
+# stages (2 an SM), wu_bwd 255 with spills.
+LAUNCH_VARIANTS = (
+    [("chunk_state", dict(block_v=bv, num_stages=st)) for bv in (32, 64) for st in (1, 2)]
+    + [("chunk_output", dict(num_warps=8)), ("chunk_output", dict(num_stages=1))]
+    + [("chunk_bwd_state", dict(num_stages=st)) for st in (1, 2)]
+    + [("chunk_bwd_dqkwg", kw) for kw in (dict(block_k=32), dict(block_k=32, block_v=32),
+                                          dict(num_stages=2))]
+    + [("wu_bwd", dict(num_stages=2)), ("recompute_w_u", dict(num_warps=8))])
+
+
+def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS):
     """Time of each backward kernel at one shape (kernels/chunk_bwd.py's sequence: the forward
-    recompute, then dv_local, the reverse state pass, dq/dk/dw/dg, wu_bwd): where the
-    backward's time goes, before any of it is optimised."""
+    recompute, then dv_local, the reverse state pass, dq/dk/dw/dg, wu_bwd) and of the forward's
+    chunk_output, with the defaults and with each (stage, launch options) of ``variants``."""
     import triton
     from gdn_fused.kernels.chunk_bwd_dqkwg import chunk_bwd_dqkwg
     from gdn_fused.kernels.chunk_bwd_dv import chunk_bwd_dv_local
     from gdn_fused.kernels.chunk_bwd_state import chunk_bwd_state
     from gdn_fused.kernels.chunk_gate import chunk_cumsum
     from gdn_fused.kernels.chunk_index import chunk_layout
+    from gdn_fused.kernels.chunk_output import chunk_output
     from gdn_fused.kernels.chunk_state import chunk_state
     from gdn_fused.kernels.kkt import dot_precision
     from gdn_fused.kernels.kkt_solve import chunk_inverse
@@ -279,43 +299,46 @@ def bench_bwd_stages(B=1, T=32768):
                                  dot_precision=prec)
     dq, dk, dw, dg_part = chunk_bwd_dqkwg(q, k, v_new, h, dh, g, do, dv2, scale, CHUNK,
                                           chunk_offsets=offsets, dot_precision=prec, **idx)
-    stages = {
-        "recompute: chunk_inverse (fp32 T)": lambda: chunk_inverse(
-            k, G, beta, HV, CHUNK, torch.float32, **idx),
-        "recompute: w, u": lambda: recompute_w_u(k, v, G, beta, Ai, dot_precision=prec, **idx),
-        "recompute: chunk_state": lambda: chunk_state(
-            k, w, u, G, h0, False, CHUNK, N, chunk_offsets=offsets,
-            num_chunks=idx["num_chunks"], dot_precision=prec),
-        "chunk_bwd_dv_local": lambda: chunk_bwd_dv_local(q, k, g, do, scale, CHUNK,
-                                                         dot_precision=prec, **idx),
-        "chunk_bwd_state": lambda: chunk_bwd_state(
+    kernels = {
+        "chunk_inverse": lambda **kw: chunk_inverse(k, G, beta, HV, CHUNK, torch.float32,
+                                                    **idx, **kw),
+        "recompute_w_u": lambda **kw: recompute_w_u(k, v, G, beta, Ai, dot_precision=prec,
+                                                    **idx, **kw),
+        "chunk_state": lambda **kw: chunk_state(k, w, u, G, h0, False, CHUNK, N,
+                                                chunk_offsets=offsets,
+                                                num_chunks=idx["num_chunks"],
+                                                dot_precision=prec, **kw),
+        "chunk_output": lambda **kw: chunk_output(q, k, v_new, h, G, scale, CHUNK,
+                                                  chunk_offsets=offsets, dot_precision=prec,
+                                                  **idx, **kw),
+        "chunk_bwd_dv_local": lambda **kw: chunk_bwd_dv_local(q, k, g, do, scale, CHUNK,
+                                                              dot_precision=prec, **idx, **kw),
+        "chunk_bwd_state": lambda **kw: chunk_bwd_state(
             q, k, w, g, do, dv_local, scale, dht, h0, CHUNK, N, chunk_offsets=offsets,
-            num_chunks=idx["num_chunks"], dot_precision=prec),
-        # value columns per program at B = 1 (the forward's chunk_state: 32 best, 659 µs)
-        **{f"chunk_bwd_state BV={bv}": (lambda bv=bv: chunk_bwd_state(
-            q, k, w, g, do, dv_local, scale, dht, h0, CHUNK, N, chunk_offsets=offsets,
-            num_chunks=idx["num_chunks"], dot_precision=prec, block_v=bv)) for bv in (16, 32, 64)},
-        "chunk_bwd_dqkwg": lambda: chunk_bwd_dqkwg(
+            num_chunks=idx["num_chunks"], dot_precision=prec, **kw),
+        "chunk_bwd_dqkwg": lambda **kw: chunk_bwd_dqkwg(
             q, k, v_new, h, dh, g, do, dv2, scale, CHUNK, chunk_offsets=offsets,
-            dot_precision=prec, **idx),
-        "wu_bwd": lambda: wu_bwd(k, v, g, beta, Ai, dw, dv2, dk, dg_part, CHUNK,
-                                 dot_precision=prec, **idx),
+            dot_precision=prec, **idx, **kw),
+        "wu_bwd": lambda **kw: wu_bwd(k, v, g, beta, Ai, dw, dv2, dk, dg_part, CHUNK,
+                                      dot_precision=prec, **idx, **kw),
     }
-    # launch variants of the two largest chunk-parallel kernels (defaults: 64 value columns a
-    # step, 4 warps, Triton's stages), timed on 2026-11-30 at 1,830 and 1,351 µs
-    for kw in (dict(num_warps=8), dict(block_v=32), dict(block_v=128, num_warps=8),
-               dict(num_stages=1), dict(num_stages=3)):
-        label = ", ".join(f"{a}={b}" for a, b in kw.items())
-        stages[f"chunk_bwd_dqkwg {label}"] = lambda kw=kw: chunk_bwd_dqkwg(
-            q, k, v_new, h, dh, g, do, dv2, scale, CHUNK, chunk_offsets=offsets,
-            dot_precision=prec, **idx, **kw)
-        stages[f"wu_bwd {label}"] = lambda kw=kw: wu_bwd(
-            k, v, g, beta, Ai, dw, dv2, dk, dg_part, CHUNK, dot_precision=prec, **idx, **kw)
-    row = {name: 1e3 * triton.testing.do_bench(fn, return_mode="median")
-           for name, fn in stages.items()}
+    stages = [(name, {}) for name in kernels] + list(variants)
+    row = {}
+    for name, kw in stages:
+        label = name + "".join(f" {a}={b}" for a, b in kw.items())
+        try:
+            row[label] = 1e3 * triton.testing.do_bench(lambda: kernels[name](**kw),
+                                                       return_mode="median")
+        except Exception as e:  # a launch variant that does not compile costs only its row
+            print(f"{label} failed: {e!r}", flush=True)
     print(f"backward stages at B={B}, T={T}, µs:", {k: round(v, 1) for k, v in row.items()},
           flush=True)
     return row
+
+
+def sweep_launch(shapes):
+    """LAUNCH_VARIANTS of the state passes and the chunk-parallel kernels at each shape."""
+    return [bench_bwd_stages(B, T, LAUNCH_VARIANTS) for B, T in shapes]
 
 
 def _gluon_kernel(module, name, skip_env):
@@ -472,6 +495,7 @@ SWEEPS = {
     "fused": lambda shapes, bandwidth: sweep_fused(shapes),
     "kkt": lambda shapes, bandwidth: sweep_kkt_solve(bandwidth),
     "bwd": lambda shapes, bandwidth: bench_bwd_stages(),
+    "launch": lambda shapes, bandwidth: sweep_launch(shapes),
     "stages": lambda shapes, bandwidth: bench_stages(),
 }
 

@@ -118,7 +118,7 @@ def chunk_bwd_dqkwg_kernel(q, k, v_new, h, dh, g, do, dv2, dq, dk, dw, dg, cu_se
 
 def chunk_bwd_dqkwg(q, k, v_new, h, dh, g, do, dv2, scale, chunk_size, cu_seqlens=None,
                     chunk_indices=None, chunk_offsets=None, num_chunks=None,
-                    dot_precision="ieee", block_v=None, **launch):
+                    dot_precision="ieee", block_v=None, block_k=None, **launch):
     """Gradients through the output and the state update, per chunk and value head.
 
     Args:
@@ -128,12 +128,13 @@ def chunk_bwd_dqkwg(q, k, v_new, h, dh, g, do, dv2, scale, chunk_size, cu_seqlen
     Returns:
         ``(dq [B,T,HV,K] fp32, dk [B,T,HV,K] fp32 (partial), dw [B,T,HV,K] in k's dtype,
         dg [NK, B, T, HV] fp32 — per-token, per key block, partial)``, per value head (GVA
-        sums later). ``block_v`` (value columns a loop step) and ``launch`` (num_warps,
-        num_stages) override the defaults for launch sweeps.
+        sums later). ``block_v`` (value columns a loop step), ``block_k`` (key columns a
+        program; dg then has K / block_k blocks) and ``launch`` (num_warps, num_stages)
+        override the defaults for launch sweeps.
     """
     B, T, H, K = q.shape
     HV, V = do.shape[2], do.shape[3]
-    BK = key_block(K)
+    BK = block_k or key_block(K)
     NK = triton.cdiv(K, BK)
     alloc = torch.zeros if cu_seqlens is not None else torch.empty
     dq = alloc(B, T, HV, K, dtype=torch.float32, device=q.device)

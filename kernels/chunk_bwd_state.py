@@ -78,10 +78,10 @@ def chunk_bwd_state_kernel(q, k, w, g, do, dv_local, dh, dv2, dht, dh0, cu_seqle
 
 def chunk_bwd_state(q, k, w, g, do, dv_local, scale, dht, initial_state, chunk_size, num_seqs,
                     cu_seqlens=None, chunk_offsets=None, num_chunks=None, dot_precision="ieee",
-                    block_v=None):
+                    block_v=None, **launch):
     """Reverse recurrence over chunks, one program per (value block, sequence, value head);
     value columns per program from :func:`~gdn_fused.kernels.chunk_state.state_blocks`, or
-    ``block_v`` (launch sweeps).
+    ``block_v``; ``launch``: num_warps, num_stages (launch sweeps).
 
     Args:
         q, k: ``[B, T, H, K]``; w: ``[B, T, HV, K]`` (W of the forward, recomputed);
@@ -109,5 +109,6 @@ def chunk_bwd_state(q, k, w, g, do, dv_local, scale, dht, initial_state, chunk_s
                                  chunk_offsets, scale, T, H=H, HV=HV, K=K, V=V, BT=chunk_size,
                                  BK=BK, BV=BV, USE_FINAL_STATE_GRAD=dht is not None,
                                  STORE_INITIAL_STATE_GRAD=initial_state is not None,
-                                 IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision)
+                                 IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision,
+                                 **launch)
     return dh, dv2, dh0

@@ -46,8 +46,9 @@ def chunk_output_kernel(q, k, v_new, h, G, o, cu_seqlens, chunk_indices, chunk_o
 
 
 def chunk_output(q, k, v_new, h, G, scale, chunk_size, cu_seqlens=None, chunk_indices=None,
-                 chunk_offsets=None, num_chunks=None, dot_precision="ieee"):
-    """o [B,T,HV,V] in q's dtype; a packed buffer's tail past cu_seqlens[-1] stays 0."""
+                 chunk_offsets=None, num_chunks=None, dot_precision="ieee", **launch):
+    """o [B,T,HV,V] in q's dtype; a packed buffer's tail past cu_seqlens[-1] stays 0.
+    launch: num_warps, num_stages (launch sweeps)."""
     B, T, H, K = q.shape
     HV, V = v_new.shape[2], v_new.shape[3]
     o = torch.zeros_like(v_new) if cu_seqlens is not None else torch.empty_like(v_new)
@@ -57,5 +58,5 @@ def chunk_output(q, k, v_new, h, G, scale, chunk_size, cu_seqlens=None, chunk_in
     chunk_output_kernel[chunk_head_grid(NT, B, HV, triton.cdiv(V, BV))](
         q, k, v_new, h, G, o, cu_seqlens, chunk_indices, chunk_offsets, scale, T, H=H, HV=HV,
         K=K, V=V, BT=chunk_size, BK=BK, BV=BV, IS_VARLEN=cu_seqlens is not None,
-        DOT_PREC=dot_precision)
+        DOT_PREC=dot_precision, **launch)
     return o

@@ -73,10 +73,11 @@ def state_blocks(K, V, num_seq_heads, device, min_block_v=32):
 
 def chunk_state(k, w, u, G, initial_state, output_final_state, chunk_size, num_seqs,
                 cu_seqlens=None, chunk_offsets=None, num_chunks=None, dot_precision="ieee",
-                block_v=None):
+                block_v=None, **launch):
     """Returns (h [NT_total, HV, K, V] in k's dtype, v_new like u, final_state fp32 or None).
 
-    block_v: value columns per program, overriding :func:`state_blocks` (launch sweeps)."""
+    block_v: value columns per program, overriding :func:`state_blocks`; launch: num_warps,
+    num_stages (launch sweeps)."""
     B, T, H, K = k.shape
     HV, V = u.shape[2], u.shape[3]
     NT = num_chunks if cu_seqlens is not None else B * triton.cdiv(T, chunk_size)
@@ -90,5 +91,6 @@ def chunk_state(k, w, u, G, initial_state, output_final_state, chunk_size, num_s
                              T, H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK, BV=BV,
                              USE_INITIAL_STATE=initial_state is not None,
                              STORE_FINAL_STATE=output_final_state,
-                             IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision)
+                             IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision,
+                             **launch)
     return h, v_new, ht

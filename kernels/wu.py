@@ -41,8 +41,9 @@ def wu_kernel(k, v, G, beta, Ai, w, u, cu_seqlens, chunk_indices, T, H: tl.const
 
 
 def recompute_w_u(k, v, G, beta, Ai, cu_seqlens=None, chunk_indices=None, num_chunks=None,
-                  dot_precision="ieee"):
-    """k [B,T,H,K], v [B,T,HV,V], G/beta [B,T,HV], Ai [B,T,HV,C] -> (W [B,T,HV,K], U like v)."""
+                  dot_precision="ieee", **launch):
+    """k [B,T,H,K], v [B,T,HV,V], G/beta [B,T,HV], Ai [B,T,HV,C] -> (W [B,T,HV,K], U like v).
+    launch: num_warps, num_stages (launch sweeps)."""
     B, T, H, K = k.shape
     HV, V, C = v.shape[2], v.shape[3], Ai.shape[-1]
     w = torch.empty(B, T, HV, K, dtype=k.dtype, device=k.device)
@@ -51,5 +52,5 @@ def recompute_w_u(k, v, G, beta, Ai, cu_seqlens=None, chunk_indices=None, num_ch
     wu_kernel[chunk_head_grid(NT, B, HV)](
         k, v, G, beta, Ai, w, u, cu_seqlens, chunk_indices, T, H=H, HV=HV, K=K, V=V, BT=C,
         BK=max(16, triton.next_power_of_2(K)), BV=min(64, max(16, triton.next_power_of_2(V))),
-        IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision)
+        IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision, **launch)
     return w, u
