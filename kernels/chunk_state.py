@@ -71,6 +71,15 @@ def state_blocks(K, V, num_seq_heads, device, min_block_v=32):
     return BK, BV
 
 
+def state_stages(num_programs, device):
+    """Software-pipeline stages of a sequential-over-chunks kernel: Triton's 3 while its
+    programs fit the SMs in one wave, 2 past that, where the third stage's shared memory (117
+    KB against 81 at K = 128) keeps a second program off each SM. H200 (eval.bench --sweep
+    launch, 2026-11-30): (8, 4096), 512 programs: chunk_state 454 → 420 µs, chunk_bwd_state
+    905 → 836; (1, 32768), 128 programs: 666 → 886 and 940 → 1,262 (so not there)."""
+    return 2 if num_programs > sm_count(device) else 3
+
+
 def chunk_state(k, w, u, G, initial_state, output_final_state, chunk_size, num_seqs,
                 cu_seqlens=None, chunk_offsets=None, num_chunks=None, dot_precision="ieee",
                 block_v=None, **launch):
@@ -87,6 +96,7 @@ def chunk_state(k, w, u, G, initial_state, output_final_state, chunk_size, num_s
     BK, BV = state_blocks(K, V, num_seqs * HV, k.device)
     BV = block_v or BV
     grid = (triton.cdiv(V, BV), num_seqs * HV)
+    launch = {"num_stages": state_stages(grid[0] * grid[1], k.device), **launch}
     chunk_state_kernel[grid](k, w, u, G, h, v_new, initial_state, ht, cu_seqlens, chunk_offsets,
                              T, H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK, BV=BV,
                              USE_INITIAL_STATE=initial_state is not None,
