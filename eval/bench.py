@@ -270,10 +270,11 @@ LAUNCH_VARIANTS = (
 
 def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS):
     """Time of each backward kernel at one shape (kernels/chunk_bwd.py's sequence: the forward
-    recompute, then the reverse state pass, dq/dk/dw/dg, wu_bwd) and of the forward's
+    recompute, then dv_local, the reverse state pass, dq/dk/dw/dg, wu_bwd) and of the forward's
     chunk_output, with the defaults and with each (stage, launch options) of ``variants``."""
     import triton
     from gdn_fused.kernels.chunk_bwd_dqkwg import chunk_bwd_dqkwg
+    from gdn_fused.kernels.chunk_bwd_dv import chunk_bwd_dv_local
     from gdn_fused.kernels.chunk_bwd_state import chunk_bwd_state
     from gdn_fused.kernels.chunk_gate import chunk_cumsum
     from gdn_fused.kernels.chunk_index import chunk_layout
@@ -292,7 +293,8 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS):
     w, u = recompute_w_u(k, v, G, beta, Ai, dot_precision=prec, **idx)
     h, v_new, _ = chunk_state(k, w, u, G, h0, False, CHUNK, N, chunk_offsets=offsets,
                               num_chunks=idx["num_chunks"], dot_precision=prec)
-    dh, dv2, _ = chunk_bwd_state(q, k, w, g, do, scale, dht, h0, CHUNK, N,
+    dv_local = chunk_bwd_dv_local(q, k, g, do, scale, CHUNK, dot_precision=prec, **idx)
+    dh, dv2, _ = chunk_bwd_state(q, k, w, g, do, dv_local, scale, dht, h0, CHUNK, N,
                                  chunk_offsets=offsets, num_chunks=idx["num_chunks"],
                                  dot_precision=prec)
     dq, dk, dw, dg_part = chunk_bwd_dqkwg(q, k, v_new, h, dh, g, do, dv2, scale, CHUNK,
@@ -309,8 +311,10 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS):
         "chunk_output": lambda **kw: chunk_output(q, k, v_new, h, G, scale, CHUNK,
                                                   chunk_offsets=offsets, dot_precision=prec,
                                                   **idx, **kw),
+        "chunk_bwd_dv_local": lambda **kw: chunk_bwd_dv_local(q, k, g, do, scale, CHUNK,
+                                                              dot_precision=prec, **idx, **kw),
         "chunk_bwd_state": lambda **kw: chunk_bwd_state(
-            q, k, w, g, do, scale, dht, h0, CHUNK, N, chunk_offsets=offsets,
+            q, k, w, g, do, dv_local, scale, dht, h0, CHUNK, N, chunk_offsets=offsets,
             num_chunks=idx["num_chunks"], dot_precision=prec, **kw),
         "chunk_bwd_dqkwg": lambda **kw: chunk_bwd_dqkwg(
             q, k, v_new, h, dh, g, do, dv2, scale, CHUNK, chunk_offsets=offsets,

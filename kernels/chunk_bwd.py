@@ -6,6 +6,7 @@ intermediates with the materialized forward kernels (G, T, W, U, the per-chunk s
 v_new — one cumsum, one KKᵀ+inverse, one W/U and one state pass; everything but the output
 kernel), then runs four kernels:
 
+    dV'_local           = chunk_bwd_dv_local   (parallel over chunks)   kernels/chunk_bwd_dv.py
     dh, dV' (dv2), dh0  = chunk_bwd_state      (reverse over chunks)    kernels/chunk_bwd_state.py
     dQ, dK, dW, dg      = chunk_bwd_dqkwg      (parallel)               kernels/chunk_bwd_dqkwg.py
     dK, dV, dβ, dg      = wu_bwd               (parallel; through W, U, T, A, and the reverse
@@ -22,6 +23,7 @@ never materializes them at all, so one backward serves both Triton backends.
 import torch
 
 from gdn_fused.kernels.chunk_bwd_dqkwg import chunk_bwd_dqkwg
+from gdn_fused.kernels.chunk_bwd_dv import chunk_bwd_dv_local
 from gdn_fused.kernels.chunk_bwd_state import chunk_bwd_state
 from gdn_fused.kernels.chunk_gate import chunk_cumsum
 from gdn_fused.kernels.chunk_index import chunk_layout
@@ -65,10 +67,12 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, initial_state, do, dht, 
                               num_chunks=idx["num_chunks"], dot_precision=prec)
     del u
     # the backward proper
-    dh, dv2, dh0 = chunk_bwd_state(q, k, w, g, do, scale, dht, initial_state,
+    dv_local = chunk_bwd_dv_local(q, k, g, do, scale, chunk_size, dot_precision=prec, **idx)
+    dh, dv2, dh0 = chunk_bwd_state(q, k, w, g, do, dv_local, scale, dht, initial_state,
                                    chunk_size, N, cu_seqlens=cu_seqlens,
                                    chunk_offsets=chunk_offsets, num_chunks=idx["num_chunks"],
                                    dot_precision=prec)
+    del dv_local
     dq, dk, dw, dg_part = chunk_bwd_dqkwg(q, k, v_new, h, dh, g, do, dv2, scale, chunk_size,
                                      chunk_offsets=chunk_offsets, dot_precision=prec, **idx)
     del h, dh, v_new

@@ -12,11 +12,7 @@ the chain rule gives, in reverse chunk order,
     dV'_c   = dV'_local,c + diag(e^{G_C − G}) K dh_c          (stored: "dv2")
     dh_{c−1} = e^{G_C} dh_c + scale Qᵀ diag(e^G) dO_c − W_cᵀ dV'_c
 
-and ∂L/∂h0 is the gradient leaving the recurrence. dV'_local,c = scale · M_cᵀ dO_c, M_c =
-lowerIncl(Γ ⊙ Q Kᵀ), depends on nothing sequential but is formed here, on the chunk's q, k and
-dO that the recurrence loads anyway: a separate chunk-parallel kernel wrote it to HBM in fp32
-and this pass read it back (H200, (1, 32768): 294 µs for that kernel, 1 KB a token-head of
-traffic), while the products here are independent of dh and fill the recurrence's latency. Every exponent is ≤ 0 (G is a chunk-local
+and ∂L/∂h0 is the gradient leaving the recurrence. Every exponent is ≤ 0 (G is a chunk-local
 cumsum of log-decays ≤ 0), so nothing overflows under strong decay. The state gradient stays in
 fp32 registers; the stored per-chunk dh_c use the dtype of k (like the forward's h).
 """
@@ -24,13 +20,13 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_fused.kernels.chunk_gate import chunk_log_decay, decay, gated_decay
+from gdn_fused.kernels.chunk_gate import chunk_log_decay, decay
 from gdn_fused.kernels.chunk_index import load_state_tile, state_program
 from gdn_fused.kernels.chunk_state import state_blocks, state_stages
 
 
 @triton.jit
-def chunk_bwd_state_kernel(q, k, w, g, do, dh, dv2, dht, dh0, cu_seqlens,
+def chunk_bwd_state_kernel(q, k, w, g, do, dv_local, dh, dv2, dht, dh0, cu_seqlens,
                            chunk_offsets, scale, T, H: tl.constexpr, HV: tl.constexpr,
                            K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                            BV: tl.constexpr, USE_FINAL_STATE_GRAD: tl.constexpr,
@@ -58,18 +54,15 @@ def chunk_bwd_state_kernel(q, k, w, g, do, dh, dv2, dht, dh0, cu_seqlens,
                                  (0, i_t * BT), (BK, BT), (0, 1))
         p_do = tl.make_block_ptr(do + (bos * HV + i_hv) * V, (seqlen, V), (HV * V, 1),
                                  (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+        p_dvl = tl.make_block_ptr(dv_local + (bos * HV + i_hv) * V, (seqlen, V), (HV * V, 1),
+                                  (i_t * BT, i_v * BV), (BT, BV), (1, 0))
         p_dv2 = tl.make_block_ptr(dv2 + (bos * HV + i_hv) * V, (seqlen, V), (HV * V, 1),
                                   (i_t * BT, i_v * BV), (BT, BV), (1, 0))
         b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
         b_qt = tl.load(p_qt, boundary_check=(0, 1), padding_option="zero")
         b_wt = tl.load(p_wt, boundary_check=(0, 1), padding_option="zero")
-        b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero")
-        # dV'_local = scale · Mᵀ dO, Mᵀ_ji = e^{G_i − G_j} k_j·q_i for i ≥ j (row i valid):
-        # gated_decay of −G gives e^{(−G_j) − (−G_i)}
-        after = (o_i[None, :] >= o_i[:, None]) & valid[None, :]
-        b_Mt = tl.dot(b_k, b_qt, input_precision=DOT_PREC) * gated_decay(-b_G, -b_G, after)
-        b_dv = tl.dot((b_Mt * scale).to(b_do.dtype), b_do, input_precision=DOT_PREC)
-        b_do = b_do.to(tl.float32)
+        b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+        b_dv = tl.load(p_dvl, boundary_check=(0, 1), padding_option="zero")
         # the state leaving the chunk saw row i decayed by e^{G_C − G_i} ≤ 1
         b_dv += tl.dot(b_k, b_dh.to(b_k.dtype), input_precision=DOT_PREC) \
             * decay(b_G_last - b_G, valid)[:, None]
@@ -83,7 +76,7 @@ def chunk_bwd_state_kernel(q, k, w, g, do, dh, dv2, dht, dh0, cu_seqlens,
         tl.store(p_dh0, b_dh.to(p_dh0.dtype.element_ty), boundary_check=(0, 1))
 
 
-def chunk_bwd_state(q, k, w, g, do, scale, dht, initial_state, chunk_size, num_seqs,
+def chunk_bwd_state(q, k, w, g, do, dv_local, scale, dht, initial_state, chunk_size, num_seqs,
                     cu_seqlens=None, chunk_offsets=None, num_chunks=None, dot_precision="ieee",
                     block_v=None, **launch):
     """Reverse recurrence over chunks, one program per (value block, sequence, value head);
@@ -93,7 +86,7 @@ def chunk_bwd_state(q, k, w, g, do, scale, dht, initial_state, chunk_size, num_s
     Args:
         q, k: ``[B, T, H, K]``; w: ``[B, T, HV, K]`` (W of the forward, recomputed);
         g: ``[B, T, HV]`` per-token log-decay; do: ``[B, T, HV, V]``;
-        dht: ``[N, HV, K, V]``
+        dv_local: ``[B, T, HV, V]`` fp32 (kernels/chunk_bwd_dv.py); dht: ``[N, HV, K, V]``
         cotangent of the final state or None;
         initial_state: ``[N, HV, K, V]`` or None (then no dh0 is produced).
     Returns:
@@ -113,7 +106,7 @@ def chunk_bwd_state(q, k, w, g, do, scale, dht, initial_state, chunk_size, num_s
     BV = block_v or BV
     grid = (triton.cdiv(V, BV), num_seqs * HV)
     launch = {"num_stages": state_stages(grid[0] * grid[1], k.device), **launch}
-    chunk_bwd_state_kernel[grid](q, k, w, g, do, dh, dv2, dht, dh0, cu_seqlens,
+    chunk_bwd_state_kernel[grid](q, k, w, g, do, dv_local, dh, dv2, dht, dh0, cu_seqlens,
                                  chunk_offsets, scale, T, H=H, HV=HV, K=K, V=V, BT=chunk_size,
                                  BK=BK, BV=BV, USE_FINAL_STATE_GRAD=dht is not None,
                                  STORE_INITIAL_STATE_GRAD=initial_state is not None,

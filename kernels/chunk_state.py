@@ -76,7 +76,8 @@ def state_stages(num_programs, device):
     programs fit the SMs in one wave, 2 past that, where the third stage's shared memory (117
     KB against 81 at K = 128) keeps a second program off each SM. H200 (eval.bench --sweep
     launch, 2026-11-30): (8, 4096), 512 programs: chunk_state 454 → 420 µs, chunk_bwd_state
-    905 → 836; (1, 32768), 128 programs: 666 → 886 and 940 → 1,262 (so not there)."""
+    905 → 836; (1, 32768), 128 programs: 666 → 886 and 940 → 1,262 (so not there). The
+    forward's (8, 4096) output was bit-identical with either (eval.bench's Gluon comparison)."""
     return 2 if num_programs > sm_count(device) else 3
 
 

@@ -40,9 +40,11 @@ def wu_kernel(k, v, G, beta, Ai, w, u, cu_seqlens, chunk_indices, T, H: tl.const
                  boundary_check=(0, 1))
 
 
-# 8 warps: H200, (1, 32768) and (8, 4096), fp32 T (the backward's recompute): 345 / 350 µs
-# against 424 / 426 at Triton's default 4 (eval.bench --sweep launch, 2026-11-30)
-NUM_WARPS = 8
+# Warps by T's dtype. H200 (eval.bench --sweep launch / stages, 2026-11-30): with fp32 T (the
+# backward's recompute) 8 warps take 345 / 350 µs at (1, 32768) / (8, 4096) against 424 / 426
+# at 4; with bf16 T (the forward) 8 warps took 323 µs at (1, 32768) against 298–300 at 4.
+def _num_warps(Ai):
+    return 8 if Ai.dtype == torch.float32 else 4
 
 
 def recompute_w_u(k, v, G, beta, Ai, cu_seqlens=None, chunk_indices=None, num_chunks=None,
@@ -58,5 +60,5 @@ def recompute_w_u(k, v, G, beta, Ai, cu_seqlens=None, chunk_indices=None, num_ch
         k, v, G, beta, Ai, w, u, cu_seqlens, chunk_indices, T, H=H, HV=HV, K=K, V=V, BT=C,
         BK=max(16, triton.next_power_of_2(K)), BV=min(64, max(16, triton.next_power_of_2(V))),
         IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision,
-        **{"num_warps": NUM_WARPS, **launch})
+        **{"num_warps": _num_warps(Ai), **launch})
     return w, u

@@ -199,3 +199,31 @@ def test_backward_bf16_gpu(case, backend):
     if cu is not None:
         end = case[9][-1]
         assert all(torch.equal(d[0, end:], torch.zeros_like(d[0, end:])) for d in got[:5])
+
+
+@pytest.mark.gpu
+def test_state_passes_equal_at_each_pipeline_depth():
+    """Past one wave of programs the forward and reverse state passes run 2 software-pipeline
+    stages instead of Triton's 3 (chunk_state.state_stages); the results are the same bits
+    (the GPU's gradient tests run shapes of under one wave, at 3)."""
+    from gdn_fused.kernels.chunk_bwd_dv import chunk_bwd_dv_local
+    from gdn_fused.kernels.chunk_bwd_state import chunk_bwd_state
+    from gdn_fused.kernels.chunk_gate import chunk_cumsum
+    from gdn_fused.kernels.chunk_state import chunk_state, state_stages
+    from gdn_fused.kernels.kkt_solve import chunk_inverse
+    from gdn_fused.kernels.wu import recompute_w_u
+    B, T, H, HV = 8, 1024, 16, 32
+    q, k, v, g, beta, h0 = make_inputs(B, T, H, HV, 128, 128, dtype=torch.bfloat16,
+                                       initial_state=True, device="cuda")
+    G = chunk_cumsum(g, 64)
+    w, u = recompute_w_u(k, v, G, beta, chunk_inverse(k, G, beta, HV, 64), dot_precision="tf32")
+    assert state_stages(B * HV * 2, k.device) == 2  # 512 programs at 64 value columns
+    fwd = [chunk_state(k, w, u, G, h0, True, 64, B, dot_precision="tf32", num_stages=s)
+           for s in (2, 3)]
+    assert all(torch.equal(a, b) for a, b in zip(*fwd))
+    do, dht = torch.randn_like(v), torch.randn_like(h0)
+    dv_local = chunk_bwd_dv_local(q, k, g, do, 128 ** -0.5, 64, dot_precision="tf32")
+    bwd = [chunk_bwd_state(q, k, w, g, do, dv_local, 128 ** -0.5, dht, h0, 64, B,
+                           dot_precision="tf32", num_stages=s) for s in (2, 3)]
+    assert all(torch.equal(a, b) for a, b in zip(*bwd))
+    assert fwd[0][0].abs().max() > 0 and bwd[0][0].abs().max() > 0
