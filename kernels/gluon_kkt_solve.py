@@ -35,6 +35,14 @@ works per warp (wgmma would need four warps and a 64-row M, three quarters zeros
 Measured on the H200 (eval.bench, B=8, T=4096, HV=32, 16,384 tiles, fp32 A in, bf16 T out):
 131.7 µs, 72 % of the 4.25 TB/s copy bandwidth over A read whole and T written, against
 223 µs for the tl kernel and 673 µs for fla 0.6.0's solve_tril in the same process.
+
+**From the keys** (kkt_solve_from_k_gluon_kernel, what chunk_inverse runs on these GPUs for
+16-bit keys): the same solve, with A's ten lower blocks formed on chip by mma_v2 from the
+chunk's keys staged in shared memory, so A never goes through HBM. Bit-equal to chunk_kkt +
+this kernel on the H200; 247.4 µs at that shape against 306.2 µs for the two launches. It
+stays issue-bound on its one warp: 352 mma.sync and the substitution chain a tile in series
+(a version with 26 KB of shared memory a tile, 8 tiles an SM, took 264.5 µs; aliasing A's
+blocks into the keys' 16 KB, 13 an SM, 247.7).
 """
 import torch
 import triton
