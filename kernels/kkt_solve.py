@@ -367,15 +367,51 @@ def _check_a(A, output_dtype, cu_seqlens, chunk_indices, num_chunks):
         raise ValueError(f"A must be a [B, T, HV, C] tensor, got {getattr(A, 'shape', A)!r}")
     if not A.is_floating_point():
         raise TypeError(f"A must be a float tensor, got {A.dtype}")
-    if output_dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise TypeError(f"output_dtype must be float32, float16 or bfloat16, got {output_dtype}")
+    _check_output_dtype(output_dtype)
     if A.shape[-1] not in (16, 32, 64):
         raise ValueError(f"chunk size (A.shape[-1]) must be 16, 32 or 64, got {A.shape[-1]}")
+    _check_packed("A", A.shape[0], cu_seqlens, chunk_indices, num_chunks)
+
+
+def _check_keys(k, G, beta, num_value_heads, chunk_size, output_dtype, cu_seqlens,
+                chunk_indices, num_chunks):
+    """kkt_solve_from_k's input checks, before any launch (ValueError / TypeError naming the
+    argument)."""
+    if not isinstance(k, torch.Tensor) or k.dim() != 4:
+        raise ValueError(f"k must be a [B, T, H, K] tensor, got {getattr(k, 'shape', k)!r}")
+    if not k.is_floating_point():
+        raise TypeError(f"k must be a float tensor, got {k.dtype}")
+    B, T, H, _ = k.shape
+    if not isinstance(num_value_heads, int) or num_value_heads < 1 or num_value_heads % H:
+        raise ValueError(f"num_value_heads must be a positive multiple of H = {H}, got "
+                         f"{num_value_heads!r}")
+    for name, x in (("G", G), ("beta", beta)):
+        if not isinstance(x, torch.Tensor) or tuple(x.shape) != (B, T, num_value_heads):
+            raise ValueError(f"{name} must be [B, T, HV] = [{B}, {T}, {num_value_heads}], got "
+                             f"{getattr(x, 'shape', x)!r}")
+        if not x.is_floating_point():
+            raise TypeError(f"{name} must be a float tensor, got {x.dtype}")
+        if x.device != k.device:
+            raise ValueError(f"{name} is on {x.device}, k on {k.device}")
+    if chunk_size not in (16, 32, 64):
+        raise ValueError(f"chunk_size must be 16, 32 or 64, got {chunk_size!r}")
+    _check_output_dtype(output_dtype)
+    _check_packed("k", B, cu_seqlens, chunk_indices, num_chunks)
+
+
+def _check_output_dtype(output_dtype):
+    if output_dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"output_dtype must be float32, float16 or bfloat16, got {output_dtype}")
+
+
+def _check_packed(name, batch, cu_seqlens, chunk_indices, num_chunks):
+    """Packed input (cu_seqlens) needs batch 1 and its chunk indices (chunk_index.chunk_layout):
+    the 1-D grids count HV heads when packed."""
     if cu_seqlens is None:
         return
-    if A.shape[0] != 1:
-        raise ValueError(f"packed input (cu_seqlens) must have batch 1, got A.shape[0] = "
-                         f"{A.shape[0]}")
+    if batch != 1:
+        raise ValueError(f"packed input (cu_seqlens) must have batch 1, got {name}.shape[0] = "
+                         f"{batch}")
     if chunk_indices is None or num_chunks is None:
         raise ValueError("packed input needs chunk_indices and num_chunks "
                          "(chunk_index.chunk_layout)")
@@ -451,7 +487,11 @@ def kkt_solve_from_k(k, G, beta, num_value_heads, chunk_size, output_dtype=torch
     the case allows: NVIDIA sm_80+, fp16/bf16 keys, K a power of two in [16, 256], chunk 64,
     blocked, default launch), "triton" (the tl kernel below, which spills: see
     A_THROUGH_HBM) or "gluon". Raises ValueError as kkt_solve for a method or kernel the case
-    cannot take."""
+    cannot take, and ValueError / TypeError before any launch for inputs of the wrong shape,
+    dtype or device, and packed input of batch > 1 or without its chunk indices."""
+    _check_keys(k, G, beta, num_value_heads, chunk_size, output_dtype, cu_seqlens,
+                chunk_indices, num_chunks)
+    k, G, beta = k.contiguous(), G.contiguous(), beta.contiguous()  # rows indexed as packed
     B, T, H, K = k.shape
     HV, C = num_value_heads, chunk_size
     iters = _solve_args(solve_method, solve_iters, C)

@@ -316,3 +316,29 @@ def test_gluon_launchers_refuse_before_launch():
         kkt_solve_from_k_gluon(k, G, beta, 2)
     with pytest.raises(ValueError, match="power of two"):
         kkt_solve_from_k_gluon(k[..., :24].half(), G, beta, 2)
+
+
+def test_from_k_validates_before_launch():
+    """kkt_solve_from_k refuses malformed inputs with an error naming the argument, and takes
+    strided keys (made contiguous) with the same result."""
+    k, G, beta, _ = setup(64)
+    bad = [((k[0], G, beta, 2, 64), ValueError, "k must be"),
+           ((k.long(), G, beta, 2, 64), TypeError, "k must be a float"),
+           ((k, G, beta, 0, 64), ValueError, "num_value_heads"),
+           ((k, G[:, :-1], beta, 2, 64), ValueError, "G must be"),
+           ((k, G, beta.long(), 2, 64), TypeError, "beta must be a float"),
+           ((k, G, beta, 2, 48), ValueError, "chunk_size")]
+    for args, err, msg in bad:
+        with pytest.raises(err, match=msg):
+            kkt_solve_from_k(*args)
+    with pytest.raises(TypeError, match="output_dtype"):
+        kkt_solve_from_k(k, G, beta, 2, 64, torch.int32)
+    with pytest.raises(ValueError, match="chunk_indices and num_chunks"):
+        kkt_solve_from_k(k, G, beta, 2, 64, cu_seqlens=torch.tensor([0, 150]))
+    with pytest.raises(ValueError, match="batch 1"):
+        kkt_solve_from_k(k.expand(2, -1, -1, -1), G.expand(2, -1, -1), beta.expand(2, -1, -1),
+                         2, 64, cu_seqlens=torch.tensor([0, 150]))
+    strided = torch.stack([k, 0 * k], -1)[..., 0]
+    assert not strided.is_contiguous()
+    assert torch.equal(kkt_solve_from_k(strided, G, beta, 2, 64),
+                       kkt_solve_from_k(k, G, beta, 2, 64))
