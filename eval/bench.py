@@ -265,7 +265,7 @@ LAUNCH_VARIANTS = (
     + [("chunk_bwd_state", dict(num_stages=st)) for st in (1, 2)]
     + [("chunk_bwd_dqkwg", kw) for kw in (dict(block_k=32), dict(block_k=32, block_v=32),
                                           dict(num_stages=2))]
-    + [("wu_bwd", dict(num_stages=2)), ("recompute_w_u", dict(num_warps=8))])
+    + [("wu_bwd", dict(num_stages=2)), ("recompute_w_u", dict(num_warps=4))])
 
 
 def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS):

@@ -295,8 +295,8 @@ def kkt_solve_from_k_gluon_kernel(k, G, beta, Ai, cu_seqlens, chunk_indices, T, 
     does, and staged for the solve **in the keys' own shared memory**: the fp32 blocks of
     block row ib (ib + 1 KB) overwrite key rows 16ib … 16ib + 15 (32·KA bytes ≥ 4 KB), whose
     last reader is that block row when the rows are taken in descending order and each row's
-    diagonal block first. One 16 KB buffer a tile instead of 16 + 10 KB: shared memory
-    bounds the tiles an SM holds (H200, (1, 32768): 264.5 µs with separate buffers, 8 tiles an
+    diagonal block first. One buffer of 64·KA 16-bit values a tile (16 KB up to K = 128)
+    instead of 16 + 10 KB: shared memory bounds the tiles an SM holds (H200, (1, 32768): 264.5 µs with separate buffers, 8 tiles an
     SM). KA = max(K, 128) key columns are staged (those past K as zeros), so that a block row
     always has room. KEYS: the coalesced layout of the key load; KEYS_SMEM: their shared
     layout (:func:`_key_layouts`)."""
@@ -374,20 +374,21 @@ def _key_layouts(K):
     lanes_k = min(32, K // vec)
     keys = gl.BlockedLayout(size_per_thread=[1, vec], threads_per_warp=[32 // lanes_k, lanes_k],
                             warps_per_cta=[NUM_WARPS, 1], order=[1, 0])
-    per_phase = max(1, 128 // (K * 2))
-    smem = gl.SwizzledSharedLayout(vec, per_phase, max(1, 8 // per_phase), order=[1, 0])
+    # rows of at least 256 bytes: one row a 128-byte phase, eight phases
+    smem = gl.SwizzledSharedLayout(vec, 1, 8, order=[1, 0])
     return K, keys, smem
 
 
 def kkt_solve_from_k_gluon(k, G, beta, num_value_heads, output_dtype=torch.float32,
-                           cu_seqlens=None, chunk_indices=None, num_chunks=None):
+                           cu_seqlens=None, chunk_indices=None, num_chunks=None, maxnreg=None):
     """T = (I + strictLower(diag(β)(Γ ⊙ K Kᵀ)))⁻¹ per chunk of 64 on a CUDA GPU (sm_80 or
     later), A formed on chip and never written: k [B, T, H, K] fp16/bf16 with K a power of two
     in [16, 256], G [B, T, HV] chunk-cumulated (fp64 from chunk_cumsum), beta [B, T, HV]; returns
     T [B, T, HV, 64] in ``output_dtype``. The same values as kkt_solve(chunk_kkt(k, G, beta))
     up to fp32 rounding order (tests/test_kkt_solve.py). Inputs as checked by
     kkt_solve.kkt_solve_from_k (call that); raises ValueError here for other key dtypes or
-    widths. Packed sequences as kkt_solve_gluon."""
+    widths. Packed sequences as kkt_solve_gluon; maxnreg: ptxas' register cap (launch
+    sweeps)."""
     B, T, H, K = k.shape
     if k.dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"kkt_solve_from_k_gluon: k must be fp16 or bf16, got {k.dtype}")
@@ -400,5 +401,6 @@ def kkt_solve_from_k_gluon(k, G, beta, num_value_heads, output_dtype=torch.float
     KA, keys, keys_smem = _key_layouts(K)
     kkt_solve_from_k_gluon_kernel[(NT * B * HV,)](
         k, G, beta, Ai, cu_seqlens, chunk_indices, T, B * HV, H=H, HV=HV, K=K, KA=KA, KEYS=keys,
-        KEYS_SMEM=keys_smem, IS_VARLEN=cu_seqlens is not None, num_warps=NUM_WARPS)
+        KEYS_SMEM=keys_smem, IS_VARLEN=cu_seqlens is not None, num_warps=NUM_WARPS,
+        **({} if maxnreg is None else {"maxnreg": maxnreg}))
     return Ai

@@ -330,8 +330,8 @@ def _solve_args(solve_method, solve_iters, C):
 KERNELS = ("auto", "triton", "gluon")
 
 
-def _use_gluon(kernel, A, solve_method, tl_options, maxnreg, chunk_size, name="A"):
-    """Whether kkt_solve runs the Gluon kernel on A (or kkt_solve_from_k on the keys A);
+def _use_gluon(kernel, x, solve_method, tl_options, maxnreg, chunk_size, name="A"):
+    """Whether kkt_solve runs the Gluon kernel on x = A (or kkt_solve_from_k on x = k);
     tl_options: the tl kernel's launch options that were changed from their defaults (by
     name); maxnreg applies to either kernel, and with kernel="auto" it keeps the tl one (its
     register-cap sweep). Raises ValueError for an unknown kernel and for a Gluon request it
@@ -344,15 +344,17 @@ def _use_gluon(kernel, A, solve_method, tl_options, maxnreg, chunk_size, name="A
         if tl_options:
             raise ValueError(f"{', '.join(tl_options)}: options of the tl kernel, not of the "
                              "Gluon one (kernel='gluon')")
-        if not A.is_cuda:
-            raise ValueError(f"kernel='gluon' needs {name} on a CUDA device, got {A.device}")
-        if not _gluon_device(A.device):
+        if chunk_size != 64:
+            raise ValueError(f"kernel='gluon' needs chunk size 64, got {chunk_size}")
+        if not x.is_cuda:
+            raise ValueError(f"kernel='gluon' needs {name} on a CUDA device, got {x.device}")
+        if not _gluon_device(x.device):
             raise ValueError(f"kernel='gluon' needs an NVIDIA GPU of sm_80 or later, got "
-                             f"{torch.cuda.get_device_name(A.device)}")
+                             f"{torch.cuda.get_device_name(x.device)}")
     if kernel != "auto":
         return kernel == "gluon"
-    return (A.is_cuda and chunk_size == 64 and solve_method == "blocked"
-            and not tl_options and maxnreg is None and _gluon_device(A.device))
+    return (x.is_cuda and chunk_size == 64 and solve_method == "blocked"
+            and not tl_options and maxnreg is None and _gluon_device(x.device))
 
 
 def _gluon_device(device):
@@ -468,8 +470,6 @@ def _use_gluon_from_k(kernel, k, chunk_size, solve_method, tl_options, maxnreg):
     if kernel == "gluon" and not keys_fit:
         raise ValueError(f"kernel='gluon' from k needs fp16/bf16 keys with K a power of two in "
                          f"[16, 256], got {k.dtype}, K = {K}")
-    if kernel == "gluon" and chunk_size != 64:
-        raise ValueError(f"kernel='gluon' needs chunk_size 64, got {chunk_size}")
     return (_use_gluon(kernel, k, solve_method, tl_options, maxnreg, chunk_size, "k")
             and keys_fit)
 
@@ -502,7 +502,7 @@ def kkt_solve_from_k(k, G, beta, num_value_heads, chunk_size, output_dtype=torch
     if _use_gluon_from_k(kernel, k, C, solve_method, tl_options, maxnreg):
         from gdn_fused.kernels.gluon_kkt_solve import kkt_solve_from_k_gluon
         return kkt_solve_from_k_gluon(k, G, beta, HV, output_dtype, cu_seqlens, chunk_indices,
-                                      num_chunks)
+                                      num_chunks, maxnreg)
     Ai = torch.empty(B, T, HV, C, dtype=output_dtype, device=k.device)
     NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, C)
     kkt_solve_kernel[chunk_head_grid(NT, B, HV)](
@@ -535,6 +535,8 @@ def chunk_inverse(k, G, beta, num_value_heads, chunk_size, output_dtype=torch.fl
     kkt_solve_from_k where it can (A never in HBM), else chunk_kkt + kkt_solve or the tl
     kkt_solve_from_k as A_THROUGH_HBM says (same T up to rounding: tests/test_kkt_solve.py);
     arguments as :func:`kkt_solve_from_k`."""
+    _check_keys(k, G, beta, num_value_heads, chunk_size, output_dtype, cu_seqlens,
+                chunk_indices, num_chunks)
     if A_THROUGH_HBM and not _use_gluon_from_k("auto", k, chunk_size, solve_method, [], None):
         from gdn_fused.kernels.kkt import chunk_kkt
         A = chunk_kkt(k, G, beta, num_value_heads, chunk_size, cu_seqlens, chunk_indices,

@@ -221,7 +221,7 @@ def test_gluon_from_k_refusals():
     k, G, beta, _ = setup(64)
     with pytest.raises(ValueError, match="fp16/bf16 keys"):
         kkt_solve_from_k(k, G, beta, 2, 64, kernel="gluon")  # fp32 keys
-    with pytest.raises(ValueError, match="chunk_size 64"):
+    with pytest.raises(ValueError, match="chunk size 64"):
         kkt_solve_from_k(k.half(), G, beta, 2, 32, kernel="gluon")
     with pytest.raises(ValueError, match="k on a CUDA device"):
         kkt_solve_from_k(k.half(), G, beta, 2, 64, kernel="gluon")
@@ -276,15 +276,17 @@ def test_gluon_kernel_against_fp64(gate):
 @pytest.mark.gpu
 @pytest.mark.parametrize("gate", ["normal", "zero", "strong"])
 def test_gluon_from_k_against_fp64(gate):
-    """The Gluon kkt_solve from k (A formed on chip from bf16 keys) on dense input with a
-    partial last chunk and GVA 3, and on packed input with an empty sequence: against the fp64
+    """The Gluon kkt_solve from k (A formed on chip from 16-bit keys) on dense input with a
+    partial last chunk and GVA 3 (bf16 K = 128, fp16 K = 64), and on packed input with an
+    empty sequence: against the fp64
     inverse of the A that chunk_kkt forms from the same keys, and against kkt_solve of that A
     (the same products, summed in another order). chunk_inverse takes it on this GPU."""
-    q, k, v, g, beta, _ = make_inputs(2, 1000, 4, 12, 128, 128, gate=gate, device="cuda")
-    G = chunk_cumsum(g, 64)
+    cases = []
+    for K, dtype in [(128, torch.bfloat16), (64, torch.float16)]:  # K = 64: zero-padded to 128
+        q, k, v, g, beta, _ = make_inputs(2, 1000, 4, 12, K, 128, gate=gate, device="cuda")
+        cases.append(((k.to(dtype), chunk_cumsum(g, 64), beta), {}, None))
     packed = _packed_with_empty_sequence(gate, "cuda")
-    cases = [((k.bfloat16(), G, beta), {}, None), ((packed[3][0].bfloat16(), *packed[3][1:]),
-                                                   packed[1], packed[2])]
+    cases.append(((packed[3][0].bfloat16(), *packed[3][1:]), packed[1], packed[2]))
     for (kb, Gc, bc), idx, lens in cases:
         Af = kkt_solve_from_k(kb, Gc, bc, 12, 64, kernel="gluon", **idx)
         assert torch.equal(Af, kkt_solve_from_k(kb, Gc, bc, 12, 64, **idx))  # auto
@@ -300,7 +302,8 @@ def test_gluon_from_k_against_fp64(gate):
                     ref = torch.linalg.inv(torch.eye(a.shape[0], dtype=torch.float64,
                                                      device="cuda") + a.double())
                     worst = max(worst, (t.double() - ref).abs().max().item())
-        print(f"gluon kkt_solve from k {gate} {'dense' if lens is None else 'packed'}: max abs "
+        print(f"gluon kkt_solve from k {gate} {'dense' if lens is None else 'packed'} "
+              f"K={kb.shape[-1]} {kb.dtype}: max abs "
               f"{worst:.2e} vs fp64, {diff:.2e} vs from A")
         assert worst <= 1e-5 and diff <= 1e-5
 
