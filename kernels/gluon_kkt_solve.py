@@ -252,10 +252,10 @@ def kkt_solve_gluon_kernel(A, Ai, cu_seqlens, chunk_indices, T, NBH, HV: gl.cons
     # (the six coupling blocks as 4 + 2: shared tiles have power-of-two shapes)
     c_smem = (gl.allocate_shared_memory(gl.float32, [4 * BLOCK, BLOCK], FLAT),
               gl.allocate_shared_memory(gl.float32, [2 * BLOCK, BLOCK], FLAT))
-    diag = _load_blocks(a_tile, S, row0, seqlen, 0, NB, True)
+    lower = _load_blocks(a_tile, S, row0, seqlen, 0, NB, True)
     first = _load_blocks(a_tile, S, row0, seqlen, 0, 4, False)
     rest = _load_blocks(a_tile, S, row0, seqlen, 4, 2, False)
-    _stack(l_smem, 0, NB).store(diag)
+    _stack(l_smem, 0, NB).store(lower)
     _stack(c_smem[0], 0, 4).store(first)
     _stack(c_smem[1], 0, 2).store(rest)
     gl.thread_barrier()
@@ -296,8 +296,8 @@ def kkt_solve_from_k_gluon_kernel(k, G, beta, Ai, cu_seqlens, chunk_indices, T, 
     block row ib (ib + 1 KB) overwrite key rows 16ib … 16ib + 15 (32·KA bytes ≥ 4 KB), whose
     last reader is that block row when the rows are taken in descending order and each row's
     diagonal block first. One buffer of 64·KA 16-bit values a tile (16 KB up to K = 128)
-    instead of 16 + 10 KB: shared memory bounds the tiles an SM holds (H200, (1, 32768): 264.5 µs with separate buffers, 8 tiles an
-    SM). KA = max(K, 128) key columns are staged (those past K as zeros), so that a block row
+    instead of 16 + 10 KB: shared memory bounds the tiles an SM holds (H200, (1, 32768):
+    264.5 µs with separate buffers, 8 tiles an SM; 247.7 µs aliased). KA = max(K, 128) key columns are staged (those past K as zeros), so that a block row
     always has room. KEYS: the coalesced layout of the key load; KEYS_SMEM: their shared
     layout (:func:`_key_layouts`)."""
     BT: gl.constexpr = NB * BLOCK
@@ -315,9 +315,10 @@ def kkt_solve_from_k_gluon_kernel(k, G, beta, Ai, cu_seqlens, chunk_indices, T, 
                    mask=(row0 + r < seqlen)[:, None] & (c < K)[None, :], other=0.)
     k_smem = gl.allocate_shared_memory(k.dtype.element_ty, [BT, KA], KEYS_SMEM)
     k_smem.store(keys)
-    # fp32 rows [ib·KA/2, (ib + 1)·KA/2) of the same bytes: block row ib's staging area,
-    # slot 0 (16 rows) its diagonal block, slot jb + 1 the block (ib, jb)
-    stage = k_smem._reinterpret(gl.float32, [NB * KA // 2, BLOCK], FLAT)
+    # fp32 rows [ib·R, (ib + 1)·R) of the same bytes: block row ib's staging area, slot 0
+    # (16 rows) its diagonal block, slot jb + 1 the block (ib, jb)
+    R: gl.constexpr = KA // 2
+    stage = k_smem._reinterpret(gl.float32, [NB * R, BLOCK], FLAT)
     gl.thread_barrier()
     zero = gl.zeros([BLOCK, BLOCK], gl.float32, MMA)
     for ib in gl.static_range(NB - 1, -1, -1):
@@ -326,14 +327,13 @@ def kkt_solve_from_k_gluon_kernel(k, G, beta, Ai, cu_seqlens, chunk_indices, T, 
         a = _gated_block(mma_v2(rows, keys_ib.permute((1, 0)).load(B16_OP), zero), G_tile,
                          beta_tile, row0, seqlen, HV, ib, ib)
         gl.thread_barrier()  # key rows 16ib … read by every thread: free for A's blocks now
-        stage.slice(ib * KA // 2, BLOCK).store(a)
+        stage.slice(ib * R, BLOCK).store(a)
         for jb in gl.static_range(ib):  # key rows above 16ib: not overwritten yet
             cols = k_smem.slice(jb * BLOCK, BLOCK).permute((1, 0)).load(B16_OP)
             a = _gated_block(mma_v2(rows, cols, zero), G_tile, beta_tile, row0, seqlen, HV,
                              ib, jb)
-            stage.slice(ib * KA // 2 + (jb + 1) * BLOCK, BLOCK).store(a)
+            stage.slice(ib * R + (jb + 1) * BLOCK, BLOCK).store(a)
     gl.thread_barrier()
-    R: gl.constexpr = KA // 2  # fp32 rows of a block row's area
     cpl = (stage.slice(R + BLOCK, BLOCK), stage.slice(2 * R + BLOCK, BLOCK),
            stage.slice(2 * R + 2 * BLOCK, BLOCK), stage.slice(3 * R + BLOCK, BLOCK),
            stage.slice(3 * R + 2 * BLOCK, BLOCK), stage.slice(3 * R + 3 * BLOCK, BLOCK))

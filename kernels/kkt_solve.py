@@ -357,6 +357,15 @@ def _use_gluon(kernel, x, solve_method, tl_options, maxnreg, chunk_size, name="A
             and not tl_options and maxnreg is None and _gluon_device(x.device))
 
 
+def _tl_options(dot_precision, num_warps, diag, prefetch):
+    """Names of the tl kernel's launch options changed from their defaults (the Gluon kernels
+    take none of them)."""
+    return [name for name, changed in (("dot_precision", dot_precision != DOT_PRECISION),
+                                       ("num_warps", num_warps is not None),
+                                       ("diag", diag != "substitution"),
+                                       ("prefetch", bool(prefetch))) if changed]
+
+
 def _gluon_device(device):
     """An NVIDIA GPU (not ROCm, whose devices are "cuda" too) of sm_80 or later: mma.sync."""
     return torch.version.hip is None and torch.cuda.get_device_capability(device) >= (8, 0)
@@ -443,10 +452,7 @@ def kkt_solve(A, output_dtype=torch.float32, cu_seqlens=None, chunk_indices=None
     A = A.contiguous()
     B, T, HV, C = A.shape
     iters = _solve_args(solve_method, solve_iters, C)
-    tl_options = [name for name, changed in (("dot_precision", dot_precision != DOT_PRECISION),
-                                             ("num_warps", num_warps is not None),
-                                             ("diag", diag != "substitution"),
-                                             ("prefetch", bool(prefetch))) if changed]
+    tl_options = _tl_options(dot_precision, num_warps, diag, prefetch)
     if _use_gluon(kernel, A, solve_method, tl_options, maxnreg, C):
         from gdn_fused.kernels.gluon_kkt_solve import kkt_solve_gluon
         return kkt_solve_gluon(A, output_dtype, cu_seqlens, chunk_indices, num_chunks, maxnreg)
@@ -495,10 +501,7 @@ def kkt_solve_from_k(k, G, beta, num_value_heads, chunk_size, output_dtype=torch
     B, T, H, K = k.shape
     HV, C = num_value_heads, chunk_size
     iters = _solve_args(solve_method, solve_iters, C)
-    tl_options = [name for name, changed in (("dot_precision", dot_precision != DOT_PRECISION),
-                                             ("num_warps", num_warps is not None),
-                                             ("diag", diag != "substitution"),
-                                             ("prefetch", bool(prefetch))) if changed]
+    tl_options = _tl_options(dot_precision, num_warps, diag, prefetch)
     if _use_gluon_from_k(kernel, k, C, solve_method, tl_options, maxnreg):
         from gdn_fused.kernels.gluon_kkt_solve import kkt_solve_from_k_gluon
         return kkt_solve_from_k_gluon(k, G, beta, HV, output_dtype, cu_seqlens, chunk_indices,
@@ -535,9 +538,11 @@ def chunk_inverse(k, G, beta, num_value_heads, chunk_size, output_dtype=torch.fl
     kkt_solve_from_k where it can (A never in HBM), else chunk_kkt + kkt_solve or the tl
     kkt_solve_from_k as A_THROUGH_HBM says (same T up to rounding: tests/test_kkt_solve.py);
     arguments as :func:`kkt_solve_from_k`."""
-    _check_keys(k, G, beta, num_value_heads, chunk_size, output_dtype, cu_seqlens,
-                chunk_indices, num_chunks)
     if A_THROUGH_HBM and not _use_gluon_from_k("auto", k, chunk_size, solve_method, [], None):
+        # kkt_solve_from_k checks its inputs itself; this route must check them first (chunk_kkt
+        # trusts its caller, and kkt_solve sees only A)
+        _check_keys(k, G, beta, num_value_heads, chunk_size, output_dtype, cu_seqlens,
+                    chunk_indices, num_chunks)
         from gdn_fused.kernels.kkt import chunk_kkt
         A = chunk_kkt(k, G, beta, num_value_heads, chunk_size, cu_seqlens, chunk_indices,
                       num_chunks)
