@@ -494,7 +494,10 @@ def kkt_solve_from_k(k, G, beta, num_value_heads, chunk_size, output_dtype=torch
     blocked, default launch), "triton" (the tl kernel below, which spills: see
     A_THROUGH_HBM) or "gluon". Raises ValueError as kkt_solve for a method or kernel the case
     cannot take, and ValueError / TypeError before any launch for inputs of the wrong shape,
-    dtype or device, and packed input of batch > 1 or without its chunk indices."""
+    dtype or device, and packed input of batch > 1 or without its chunk indices. G is the
+    natural-log cumulative decay within each chunk (chunk_gate.chunk_cumsum), beta any float
+    dtype. Source: the gated A of Yang, Kautz & Hatamizadeh (arXiv:2412.06464, §3.3) and the
+    inverse methods of seed 000 / seed 001 Table 2, as :func:`kkt_solve`."""
     _check_keys(k, G, beta, num_value_heads, chunk_size, output_dtype, cu_seqlens,
                 chunk_indices, num_chunks)
     k, G, beta = k.contiguous(), G.contiguous(), beta.contiguous()  # rows indexed as packed
