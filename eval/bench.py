@@ -75,6 +75,7 @@ def load_fla():
 def bench_forward(shapes, bandwidth, fla_chunk, backward):
     import triton
     from gdn_fused import chunk_gated_delta_rule
+    from gdn_fused.kernels.materialized import uses_state_output_kernel
     from gdn_fused.ops import resolve_backend
     gluon = _gluon_kernel("gluon_forward", "gluon_forward", "GDN_BENCH_SKIP_GLUON_FORWARD")
     rows = []
@@ -96,6 +97,18 @@ def bench_forward(shapes, bandwidth, fla_chunk, backward):
                                                   output_final_state=True, backend=name)
                     torch.autograd.grad(o, leaves, do)
                 row[f"{name}_fwdbwd_ms"] = triton.testing.do_bench(fwd_bwd, return_mode="median")
+        if uses_state_output_kernel(q, v, CHUNK, None):
+            # A/B in the same run: the materialized forward with chunk_state + chunk_output in
+            # place of its Gluon state + output kernel
+            os.environ["GDN_STATE_OUTPUT_KERNEL"] = "0"
+            try:
+                row["materialized_tl_ms"] = triton.testing.do_bench(
+                    lambda: chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0,
+                                                   output_final_state=True,
+                                                   backend="materialized"),
+                    return_mode="median")
+            finally:
+                del os.environ["GDN_STATE_OUTPUT_KERNEL"]
         if gluon is not None:
             # the experimental three-launch Gluon forward (kernels/gluon_forward.py), forward only
             try:
@@ -223,6 +236,26 @@ def bench_stages(B=1, T=32768):
             stages["chunk_state_output_gluon"] = lambda: fused_out(q, k, w, u, G, 0.1, h0, True)
         except Exception as e:  # experimental: report, keep the other numbers
             print(f"chunk_state_output_gluon failed: {e!r}", flush=True)
+    transposed = _gluon_kernel("gluon_transposed", "chunk_state_output_t",
+                               "GDN_BENCH_SKIP_GLUON_T")
+    if transposed is not None:
+        # the experimental transposed-state kernel (kernels/gluon_transposed.py): register
+        # operands on the chain; predicted ≤ 1 µs a chunk step against 3.1 for
+        # chunk_state_output_gluon, i.e. ≤ 550 µs here against 1,183 for state + output
+        o_ref = chunk_output(q, k, v_new, h, G, 0.1, CHUNK, dot_precision=prec)
+        stages["chunk_state + chunk_output"] = lambda: chunk_output(
+            q, k, chunk_state(k, w, u, G, h0, True, CHUNK, B, dot_precision=prec)[1],
+            h, G, 0.1, CHUNK, dot_precision=prec)
+        try:
+            o_t, _ = transposed(q, k, w, u, G, 0.1, h0, True)
+            print("chunk_state_output_t rel err vs chunk_state + chunk_output: o "
+                  f"{((o_t - o_ref).float().norm() / o_ref.float().norm()).item():.2e}",
+                  flush=True)
+            stages["chunk_state_output_t"] = lambda: transposed(q, k, w, u, G, 0.1, h0, True)
+            stages["chunk_state_output_t state only"] = lambda: transposed(
+                q, k, w, u, G, 0.1, h0, True, output=False)
+        except Exception as e:  # experimental: report, keep the other numbers
+            print(f"chunk_state_output_t failed: {e!r}", flush=True)
     wu = _gluon_kernel("gluon_wu", "wu_gluon", "GDN_BENCH_SKIP_GLUON_WU")
     if wu is not None:
         # the experimental chunk-parallel half in one Gluon kernel (kernels/gluon_wu.py): w, u
@@ -442,13 +475,15 @@ def write_outputs(out, rows, kkt_row, bandwidth):
         w.writeheader()
         w.writerows(rows)
     lines = [f"copy bandwidth {bandwidth / 1e12:.2f} TB/s; bf16 tensor cores {TENSOR_CORE_FLOPS / 1e12:.0f} TFLOP/s",
-             "", "| B | T | floor ms | fla ms | materialized ms | mat/fla | fused ms | fused/fla | fused floor frac | gluon ms | gluon/fla | mat fwd+bwd ms | fused fwd+bwd ms |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "", "| B | T | floor ms | fla ms | materialized ms | mat/fla | mat floor frac | mat, tl state+output ms | fused ms | fused/fla | fused floor frac | gluon ms | gluon/fla | mat fwd+bwd ms | fused fwd+bwd ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     fmt = lambda x: "" if x is None else f"{x:.3f}"  # noqa: E731
     for r in rows:
         fla, mat, fus = r.get("fla_ms"), r.get("materialized_ms"), r.get("fused_ms")
         lines.append("| " + " | ".join([str(r["B"]), str(r["T"]), fmt(r["floor_ms"]), fmt(fla),
-                     fmt(mat), fmt(mat / fla if fla and mat else None), fmt(fus),
+                     fmt(mat), fmt(mat / fla if fla and mat else None),
+                     fmt(r["floor_ms"] / mat if mat else None), fmt(r.get("materialized_tl_ms")),
+                     fmt(fus),
                      fmt(fus / fla if fla and fus else None),
                      fmt(r["floor_ms"] / fus if fus else None), fmt(r.get("gluon_ms")),
                      fmt(r["gluon_ms"] / fla if fla and r.get("gluon_ms") else None),

@@ -175,6 +175,15 @@ def _gluon_state_output():
                               dict(o="*bf16", scale="fp32"))
 
 
+def _gluon_transposed(output: bool = True):
+    from gdn_fused.kernels.gluon_transposed import DESCRIPTOR_BLOCKS, GATE_LAYOUT
+    fn, sig, consts = _gluon_ring_kernel("gluon_transposed", "chunk_state_output_t_kernel",
+                                         dict(o="*bf16", scale="fp32"))
+    sig["g_desc"] = tensordesc("fp64", DESCRIPTOR_BLOCKS["g"], GATE_LAYOUT)
+    del sig["G"]  # the gates come by TMA (g_desc)
+    return fn, sig, {**consts, "OUTPUT": output}
+
+
 def _gluon_wu():
     from gdn_fused.kernels.gluon_ring import descriptor_layout
     from gdn_fused.kernels.gluon_wu import DESCRIPTOR_BLOCKS, wu_gluon_kernel
@@ -187,7 +196,8 @@ def _gluon_wu():
 # Gluon kernels written for sm_90a alone (setmaxnreg, wgmma, TMA): compiling them for another
 # architecture aborts inside LLVM, which no Python handler can catch
 HOPPER_ONLY = ("chunk_state gluon (experimental)", "chunk_state+output gluon (experimental)",
-               "w, u gluon (experimental)")
+               "w, u gluon (experimental)", "state+output transposed gluon (experimental)",
+               "state transposed gluon, no output (experimental)")
 ARCHS = (80, 86, 89, 90)
 
 
@@ -196,6 +206,7 @@ def _kernels() -> dict:
     from gdn_fused.kernels.fused_fwd import launch_config
     from gdn_fused.kernels.gluon_state import MAXNREG
     from gdn_fused.kernels.gluon_state_output import MAXNREG as FUSED_MAXNREG
+    from gdn_fused.kernels.gluon_transposed import MAXNREG as T_MAXNREG
     from gdn_fused.kernels.gluon_wu import NUM_WARPS as WU_WARPS
     from gdn_fused.kernels.kkt_solve import MAXNREG_FROM_A, NUM_WARPS
     return {
@@ -211,6 +222,10 @@ def _kernels() -> dict:
         "chunk_state+output gluon (experimental)": (_gluon_state_output,
                                                     dict(num_warps=4, maxnreg=FUSED_MAXNREG)),
         "w, u gluon (experimental)": (_gluon_wu, dict(num_warps=WU_WARPS)),
+        "state+output transposed gluon (experimental)": (
+            _gluon_transposed, dict(num_warps=4, maxnreg=T_MAXNREG)),
+        "state transposed gluon, no output (experimental)": (
+            lambda: _gluon_transposed(False), dict(num_warps=4, maxnreg=T_MAXNREG)),
     }
 
 

@@ -27,10 +27,9 @@ def _forward(backend, q, k, v, g, beta, scale, initial_state, output_final_state
         return fused_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
                          chunk_size, cu_seqlens_cpu=cu_seqlens_cpu)
     from gdn_fused.kernels.materialized import materialized_fwd
-    o, ht, _ = materialized_fwd(q, k, v, g, beta, scale, initial_state, output_final_state,
-                                cu_seqlens, chunk_size, solve_method=solve_method,
-                                solve_iters=solve_iters, cu_seqlens_cpu=cu_seqlens_cpu)
-    return o, ht
+    return materialized_fwd(q, k, v, g, beta, scale, initial_state, output_final_state,
+                            cu_seqlens, chunk_size, solve_method=solve_method,
+                            solve_iters=solve_iters, cu_seqlens_cpu=cu_seqlens_cpu)
 
 
 def backward_by_recompute(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens,

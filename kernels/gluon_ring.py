@@ -19,13 +19,18 @@ def _tile_bytes(descs):
 
 
 @gluon.jit
-def load_ring(descs, bufs, cols, bars, row0, NT):
+def load_ring(descs, bufs, cols, bars, row0, NT, gate_desc=None, gate_bufs=None, gate_row=0):
     """Chunk i_t of every descriptor in ``descs`` (rows row0 + i_t·BT, column ``cols[i]``) into
-    stage i_t % STAGES of ``bufs[i]``, once the consumer has released that stage."""
+    stage i_t % STAGES of ``bufs[i]``, once the consumers have released that stage; with
+    ``gate_desc``, also the [1, BT] tile (gate_row, i_t·BT) of a [rows, T] gate tensor (a
+    sequence's gates for one head are a row there, so a chunk's are one TMA box)."""
     ready, empty = bars
     BT: gl.constexpr = descs[0].block_type.shape[0]
     STAGES: gl.constexpr = bufs[0].type.shape[0]
-    nbytes: gl.constexpr = _tile_bytes(descs)
+    if gate_desc is None:
+        nbytes: gl.constexpr = _tile_bytes(descs)
+    else:
+        nbytes: gl.constexpr = _tile_bytes(descs) + gate_desc.block_type.nbytes
     for i_t in range(NT):
         s = i_t % STAGES
         phase = (i_t // STAGES) & 1
@@ -36,6 +41,9 @@ def load_ring(descs, bufs, cols, bars, row0, NT):
         row = row0 + i_t * BT
         for j in gl.static_range(len(descs)):
             tma.async_copy_global_to_shared(descs[j], [row, cols[j]], bar, bufs[j].index(s))
+        if gate_desc is not None:
+            tma.async_copy_global_to_shared(gate_desc, [gate_row, i_t * BT], bar,
+                                            gate_bufs.index(s))
 
 
 @gluon.jit
@@ -55,14 +63,14 @@ def ring_buffers(desc, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def ring_barriers(STAGES: gl.constexpr):
-    """(ready, empty): one mbarrier of each per stage, arrival count 1 (the TMA transaction for
-    ready, the consumer warpgroup's single arrive for empty)."""
+def ring_barriers(STAGES: gl.constexpr, consumers: gl.constexpr = 1):
+    """(ready, empty): one mbarrier of each per stage; ready completes on the TMA transaction,
+    empty on one arrive from each of the ``consumers`` partitions that read the stage."""
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
+        mbarrier.init(empty.index(i), count=consumers)
     # the inits are generic-proxy writes; the TMA's complete_tx reaches the ready barriers
     # through the async proxy: fence between them (CUDA programming guide, TMA: "make
     # initialized barrier visible in async proxy"); warp_specialize's entry barrier then

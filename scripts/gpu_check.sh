@@ -48,6 +48,9 @@ if want gluon; then
   timeout 60 python3 -m pytest -m gpu -q -s -rs tests/test_gluon_wu.py 2>&1 | \
     tee -a "$OUT/gluon_output_tests.log"
   [ "${PIPESTATUS[0]}" = 0 ] || export GDN_BENCH_SKIP_GLUON_WU=1
+  timeout 90 python3 -m pytest -m gpu -q -s -rs tests/test_gluon_transposed.py 2>&1 | \
+    tee -a "$OUT/gluon_output_tests.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || export GDN_BENCH_SKIP_GLUON_T=1
   # the three-launch forward built from them (skipped by its test when a piece fails)
   timeout 90 python3 -m pytest -m gpu -q -s -rs tests/test_gluon_forward.py 2>&1 | \
     tee -a "$OUT/gluon_output_tests.log"
@@ -58,6 +61,7 @@ if want tests; then
   timeout $(left $HOLD_BENCH) python3 -m pytest -m gpu -q -s -rs --continue-on-collection-errors \
     --ignore=tests/test_gluon_state.py --ignore=tests/test_gluon_state_output.py \
     --ignore=tests/test_gluon_wu.py --ignore=tests/test_gluon_forward.py \
+    --ignore=tests/test_gluon_transposed.py \
     ${KEXPR:+-k "$KEXPR"} ${TESTS:-tests/} 2>&1 | tee "$OUT/gpu_tests.log"
 fi
 # 3. The benchmark: forward and forward+backward at the anchor shapes, kkt_solve, stages.

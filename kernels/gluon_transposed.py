@@ -1,0 +1,295 @@
+"""The chunk-state recurrence and the chunk output in one warp-specialized Gluon kernel for
+Hopper (sm_90a), with the state held *transposed* (Sᵀ, value rows × key columns) so that both
+products on the sequential chain take their left operand from registers. The materialized
+forward runs it in place of chunk_state + chunk_output where it applies
+(``materialized.uses_state_output_kernel``).
+
+Per sequence, value head and block of BV = 64 value columns, over chunks c of C = 64 tokens,
+with S the [K, BV] state entering chunk c (h_c of the materialized forward):
+
+    V'ᵀ = Uᵀ − Sᵀ Wᵀ                                                    ("v_new")
+    Sᵀ  ← e^{G_C} Sᵀ + V'ᵀ D_{e^{G_C − G}} K                              (fp32)
+    O   = scale (D_{e^G} Q h_c + P V'),   P = (Q Kᵀ) ⊙ M,  M_ij = e^{G_i − G_j}, j ≤ i
+
+Why transposed: kernels/gluon_state_output.py keeps S as [K, BV], so W S and Kᵀ V' need S and
+V' as the *right* (B) operand, which warpgroup MMA reads only from shared memory: each chunk
+stores S and V' to shared, fences, barriers and waits — 3.1 µs a chunk step on the H200 at
+B·HV = 32 (docs/fused_design.md, session 3). With Sᵀ [BV, K] both chained products have the
+running quantity on the left, and wgmma's A operand may come from registers: the fp32
+accumulator is rounded to bf16 and converted in place to the operand layout (FlashAttention-3's
+P·V trick; no shared-memory traffic in the PTX). BV = 64 is wgmma's M. Measured on the H200
+(state only, ``output=False``): 433–502 µs at (1, 32768), ~0.9 µs a chunk step.
+
+Why three roles (gl.warp_specialize), each found by measurement (docs/speed_log.md, session 6):
+
+- the chain (default partition, one warpgroup) does only what S depends on, and after each
+  step stores h_c (bf16 Sᵀ) and V' to per-stage shared buffers for the output;
+- the output warpgroup forms P from its own Q Kᵀ while the chain runs, then O from h_c and V'
+  and stores it (TMA from a staging tile). Issuing the output's products from the chain instead
+  lengthened each step from ~0.9 to ~1.9 µs (980 µs at (1, 32768)); here 882 µs;
+- one producer warp streams q, k, w, u and the chunk's gates by TMA into a 2-stage ring
+  (``gluon_ring.load_ring``; a third stage measured no faster). The gates come by TMA, not by
+  global loads, because the chain's per-step proxy fence (MEMBAR) waits for every outstanding
+  load: prefetching G with ``gl.load`` made the state-only pass 433 → 680 µs.
+
+Both consumers release a ring stage (its empty barrier counts two arrivals). h_c and V' of
+stage s are rewritten only after the ring refilled s, i.e. after the output warpgroup released
+it, so the ring's barriers protect them too; sv_ready hands them over.
+
+Precision: as chunk_state + chunk_output for bf16 (S and V' rounded to bf16 for their products,
+fp32 accumulation, P in bf16, the state in fp32): o and the final state are bit-identical to
+theirs in the GPU tests. (Carrying S and V' as bf16 hi + lo pairs in the two chained products
+was measured: g = 0 at T = 8192 state error 3.9e-3 → 3.0e-3 for 20 % more time — the bf16
+rounding of W and U in HBM, not of S, dominates; not kept.)
+
+Scope: dense batches (no cu_seqlens), K = V = 128, chunk 64, bf16 q/k/w/u, HV a multiple of H.
+T need not be a multiple of 64: the ring's tiles are 2-D over the flattened [B·T] token axis,
+so the last chunk of a sequence may read the next sequence's first rows; those get zero decay
+weight (no state change), zero rows of P (and P's columns past T meet only such rows), and a
+partial chunk's output is stored with a row mask instead of TMA (whose box would write into
+the next sequence). The gates are repacked as [B·HV, T] rows, zero past T.
+"""
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                              warpgroup_mma, warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from gdn_fused.kernels.gluon_ring import (LOAD_REGS, LOAD_WARPS, accumulator_layout,
+                                          descriptor_layout, load_ring, ring_barriers,
+                                          ring_buffers, ring_program)
+from gdn_fused.kernels.gluon_wu import _sum
+
+CHUNK = 64
+HEAD_DIM = 128
+BV = 64  # value rows of Sᵀ a program: wgmma's M, one warpgroup
+NUM_STAGES = 2  # ring depth of q/k/w/u tiles (56 KB a stage)
+OUT_WARPS = gl.constexpr(4)  # the output warpgroup: wgmma's M = 64 is the chunk
+# its live set: the Q Kᵀ accumulator, then P as a bf16 operand and the [64, 64] output (32 a
+# thread each), the fp64 G rows
+OUT_REGS = gl.constexpr(128)
+# 4 + 4 + 1 warps, padded to 12: 65,536 / (12 · 32) = 170 registers a thread before setmaxnreg
+# hands the chain's warpgroup what the other two do not use
+MAXNREG = 168
+
+
+@gluon.jit
+def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv_ready,
+                      o_smem, o_desc, o, scale, T, NT, i_n, i_hv, i_v, HV: gl.constexpr,
+                      V: gl.constexpr):
+    """Per chunk: P = (Q Kᵀ) ⊙ M and, once the chain has put h_c and V' in shared memory,
+    O = scale (D_{e^G} Q h_c + P V') into o."""
+    BT: gl.constexpr = k_bufs.type.shape[1]
+    BVr: gl.constexpr = vn_bufs.type.shape[2]
+    STAGES: gl.constexpr = k_bufs.type.shape[0]
+    acc: gl.constexpr = accumulator_layout(BT)
+    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc, k_width=2)
+    o_t = gl.arange(0, BT, layout=gl.SliceLayout(1, acc))
+    o_j = gl.arange(0, BT, layout=gl.SliceLayout(0, acc))
+    bos = i_n * T
+    col = i_hv * V + i_v * BVr
+    for i_t in range(NT):
+        s = i_t % STAGES
+        phase = (i_t // STAGES) & 1
+        mbarrier.wait(ready.index(s), phase)
+        valid = i_t * BT + o_t < T
+        b_G = g_bufs.index(s).reshape([BT]).load(gl.SliceLayout(1, acc))
+        b_Gj = g_bufs.index(s).reshape([BT]).load(gl.SliceLayout(0, acc))
+        qk = warpgroup_mma(q_bufs.index(s), k_bufs.index(s).permute((1, 0)),
+                           gl.zeros([BT, BT], gl.float32, acc), use_acc=False)
+        # rows past T are selected away too: their G reads 0, so G_i − G_j may be > 0; the
+        # exponent is selected before the exp, so strong decay never gives inf · 0
+        incl = (o_t[:, None] >= o_j[None, :]) & valid[:, None]
+        diff = (b_G[:, None] - b_Gj[None, :]).to(gl.float32)
+        p = gl.convert_layout((qk * gl.where(incl, gl.exp(gl.where(incl, diff, 0.)), 0.))
+                              .to(gl.bfloat16), a_op)
+        mbarrier.wait(sv_ready.index(s), phase)
+        b_o = warpgroup_mma(q_bufs.index(s), st_bufs.index(s).permute((1, 0)),
+                            gl.zeros([BT, BVr], gl.float32, acc), use_acc=False)
+        b_o = warpgroup_mma(p, vn_bufs.index(s), b_o * gl.exp(b_G.to(gl.float32))[:, None])
+        out = (b_o * scale).to(o_desc.dtype)
+        row = bos + i_t * BT
+        if (i_t + 1) * BT <= T:
+            # the previous chunk's TMA store must have read o_smem before it is rewritten
+            tma.store_wait(0)
+            o_smem.store(out)
+            fence_async_shared()
+            gl.thread_barrier()
+            tma.async_copy_shared_to_global(o_desc, [row, col], o_smem)
+        else:
+            # a partial chunk: a TMA box would write into the next sequence's rows
+            o_v = gl.arange(0, BVr, layout=gl.SliceLayout(0, acc))
+            gl.store(o + (row + o_t).to(gl.int64)[:, None] * (HV * V) + col + o_v[None, :],
+                     out, mask=valid[:, None])
+        # every warp past its reads of the stage (and of h_c and V') before the one arrive
+        gl.thread_barrier()
+        mbarrier.arrive(empty.index(s), count=1)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _state_tile_t(ptr, i_n, i_hv, i_v, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
+                  BVr: gl.constexpr, layout: gl.constexpr):
+    """Pointers to value block i_v of the [B, HV, K, V] state, transposed: [BV, K]."""
+    o_v = gl.arange(0, BVr, layout=gl.SliceLayout(1, layout))
+    o_k = gl.arange(0, K, layout=gl.SliceLayout(0, layout))
+    return (ptr + (i_n * HV + i_hv).to(gl.int64) * K * V + i_v * BVr) + \
+        (o_k[None, :] * V + o_v[:, None])
+
+
+@gluon.jit
+def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv_ready,
+                     h0, ht, T, NT, i_n, i_hv, i_v, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
+                     USE_INITIAL_STATE: gl.constexpr, STORE_FINAL_STATE: gl.constexpr,
+                     OUTPUT: gl.constexpr):
+    BT: gl.constexpr = k_bufs.type.shape[1]
+    BVr: gl.constexpr = u_bufs.type.shape[2]
+    STAGES: gl.constexpr = k_bufs.type.shape[0]
+    acc_k: gl.constexpr = accumulator_layout(K)    # Sᵀ [BV, K]
+    acc_t: gl.constexpr = accumulator_layout(BT)   # Sᵀ Wᵀ and V'ᵀ [BV, C]
+    a_t: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_t, k_width=2)
+    a_k: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_k, k_width=2)
+    if USE_INITIAL_STATE:
+        S = gl.load(_state_tile_t(h0, i_n, i_hv, i_v, HV, K, V, BVr, acc_k))
+    else:
+        S = gl.zeros([BVr, K], gl.float32, acc_k)
+    o_c = gl.arange(0, BT, layout=gl.SliceLayout(0, acc_t))
+    for i_t in range(NT):
+        s = i_t % STAGES
+        phase = (i_t // STAGES) & 1
+        mbarrier.wait(ready.index(s), phase)
+        s16 = S.to(gl.bfloat16)
+        s_op = gl.convert_layout(s16, a_t)
+        X = warpgroup_mma(s_op, w_bufs.index(s).permute((1, 0)),
+                          gl.zeros([BVr, BT], gl.float32, acc_t), use_acc=False, is_async=True)
+        if OUTPUT:
+            st_bufs.index(s).store(s16)  # h_c for the output warpgroup, while W S runs
+        # the chunk's gates from the ring (no global load: the step's proxy fence would
+        # wait for it); G_C is picked out exactly (a sum of one term and zeros)
+        b_G = g_bufs.index(s).reshape([BT]).load(gl.SliceLayout(0, acc_t))
+        valid = i_t * BT + o_c < T
+        G_last = _sum(gl.where(o_c == gl.minimum(T - i_t * BT, BT) - 1, b_G, 0.), 0)
+        # G_C − G_i ≤ 0: cannot overflow; rows past T get weight 0 (no state change)
+        decay = gl.where(valid, gl.exp((G_last - b_G).to(gl.float32)), 0.)
+        gam = gl.exp(G_last.to(gl.float32))
+        # register operands stay live (deps) until the products reading them have retired
+        X, s_op = warpgroup_mma_wait(num_outstanding=0, deps=[X, s_op])
+        vn = u_bufs.index(s).permute((1, 0)).load(acc_t).to(gl.float32) - X
+        d_op = gl.convert_layout((vn * decay[None, :]).to(gl.bfloat16), a_k)
+        S = warpgroup_mma(d_op, k_bufs.index(s), S * gam, is_async=True)
+        if OUTPUT:
+            vn_bufs.index(s).permute((1, 0)).store(vn.to(gl.bfloat16))  # V', while it runs
+        S, d_op = warpgroup_mma_wait(num_outstanding=0, deps=[S, d_op])
+        # h_c and V' are read by wgmma (the async proxy), and the generic read of u must
+        # precede the stage's refill: fence, then all four warps, then arrive
+        fence_async_shared()
+        gl.thread_barrier()
+        if OUTPUT:
+            mbarrier.arrive(sv_ready.index(s), count=1)
+        mbarrier.arrive(empty.index(s), count=1)
+    if STORE_FINAL_STATE:
+        gl.store(_state_tile_t(ht, i_n, i_hv, i_v, HV, K, V, BVr, acc_k), S)
+
+
+@gluon.jit
+def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, o, h0, ht,
+                                scale, T,
+                                H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
+                                V: gl.constexpr, USE_INITIAL_STATE: gl.constexpr,
+                                STORE_FINAL_STATE: gl.constexpr, OUTPUT: gl.constexpr,
+                                STAGES: gl.constexpr):
+    BT: gl.constexpr = k_desc.block_type.shape[0]
+    BVr: gl.constexpr = u_desc.block_type.shape[1]
+    i_v, i_n, i_hv, i_h = ring_program(H, HV)
+    NT = gl.cdiv(T, BT)
+    q_bufs = ring_buffers(q_desc, STAGES)
+    k_bufs = ring_buffers(k_desc, STAGES)
+    w_bufs = ring_buffers(w_desc, STAGES)
+    u_bufs = ring_buffers(u_desc, STAGES)
+    g_bufs = ring_buffers(g_desc, STAGES)
+    # per stage: h_c as Sᵀ [BV, K] and V' [C, BV] (bf16) from the chain for the output
+    st_bufs = gl.allocate_shared_memory(
+        gl.bfloat16, [STAGES, BVr, K], gl.NVMMASharedLayout.get_default_for([BVr, K],
+                                                                           gl.bfloat16))
+    vn_bufs = gl.allocate_shared_memory(
+        gl.bfloat16, [STAGES, BT, BVr], gl.NVMMASharedLayout.get_default_for([BT, BVr],
+                                                                            gl.bfloat16))
+    o_smem = gl.allocate_shared_memory(o_desc.dtype, o_desc.block_type.shape, o_desc.layout)
+    # the output warpgroup, when there is one, releases each stage too
+    ready, empty = ring_barriers(STAGES, consumers=2 if OUTPUT else 1)
+    sv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(sv_ready.index(i), count=1)
+    fence_async_shared()
+    gl.warp_specialize([
+        (_chain_partition, (k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
+                            sv_ready, h0, ht, T, NT, i_n, i_hv, i_v, HV, K, V,
+                            USE_INITIAL_STATE, STORE_FINAL_STATE, OUTPUT)),
+        (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv_ready,
+                             o_smem, o_desc, o, scale, T, NT if OUTPUT else 0, i_n, i_hv, i_v,
+                             HV, V)),
+        (load_ring, ((q_desc, k_desc, w_desc, u_desc), (q_bufs, k_bufs, w_bufs, u_bufs),
+                     (i_h * K, i_h * K, i_hv * K, i_hv * V + i_v * BVr), (ready, empty),
+                     i_n * T, NT, g_desc, g_bufs, i_n * HV + i_hv)),
+    ], [OUT_WARPS, LOAD_WARPS], [OUT_REGS, LOAD_REGS])
+
+
+# TMA block shape of each descriptor argument: q, k, w [C, K]; u and o [C, BV]
+DESCRIPTOR_BLOCKS = dict(q=[CHUNK, HEAD_DIM], k=[CHUNK, HEAD_DIM], w=[CHUNK, HEAD_DIM],
+                         u=[CHUNK, BV], o=[CHUNK, BV], g=[1, CHUNK])
+GATE_LAYOUT = gl.NVMMASharedLayout.get_default_for([1, CHUNK], gl.float64)
+
+
+def chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state,
+                         output=True, num_stages=NUM_STAGES):
+    """chunk_state + chunk_output of the materialized forward without h or v_new in HBM.
+
+    q, k [B, T, H, 128] bf16; w, u [B, T, HV, 128] bf16 (recompute_w_u); G [B, T, HV]
+    (natural-log decay cumulated within each chunk of 64; read in fp64); scale a float;
+    initial_state [B, HV, 128, 128] (read in fp32) or None; output=False runs the state pass
+    alone (o is then None); num_stages: the ring's depth (3 fits shared memory only without
+    the output). Returns (o [B, T, HV, 128] bf16 or None, final state [B, HV, 128, 128] fp32 or
+    None). Raises ValueError
+    for head dims other than 128, non-bf16 q/k/w/u, shapes that do not match or HV not a
+    multiple of H. Needs a Hopper GPU (sm_90); dense batches only (the chunk size is 64).
+    Math: the chunkwise Gated DeltaNet forward (Yang, Kautz & Hatamizadeh, arXiv:2412.06464,
+    §3.3)."""
+    B, T, H, K = q.shape
+    HV, V = u.shape[2], u.shape[3]
+    name = "chunk_state_output_t"
+    if K != HEAD_DIM or V != HEAD_DIM or w.shape[3] != K or k.shape[3] != K:
+        raise ValueError(f"{name}: needs K = V = {HEAD_DIM}, got K {K}, V {V}")
+    if any(x.dtype != torch.bfloat16 for x in (q, k, w, u)):
+        raise ValueError(f"{name}: q, k, w, u must be bf16")
+    if (HV % H or k.shape != q.shape or w.shape[:3] != (B, T, HV) or u.shape[:3] != (B, T, HV)
+            or G.shape != (B, T, HV)):
+        raise ValueError(f"{name}: shapes q {tuple(q.shape)}, k {tuple(k.shape)}, w "
+                         f"{tuple(w.shape)}, u {tuple(u.shape)}, G {tuple(G.shape)} do not match")
+    if initial_state is not None and initial_state.shape != (B, HV, K, V):
+        raise ValueError(f"{name}: initial_state {tuple(initial_state.shape)} is not "
+                         f"{(B, HV, K, V)}")
+    q, k, w, u = (x.contiguous() for x in (q, k, w, u))
+    # the gates as [B·HV, T] rows (a chunk's are one TMA box), zero past T and padded to whole
+    # chunks (a TMA row stride must be a multiple of 16 bytes)
+    NT = triton.cdiv(T, CHUNK)
+    Gt = G.new_zeros(B * HV, NT * CHUNK, dtype=torch.float64)
+    Gt.view(B, HV, NT * CHUNK)[:, :, :T] = G.permute(0, 2, 1)
+    o = torch.empty_like(u, dtype=q.dtype)
+    ht = q.new_empty(B, HV, K, V, dtype=torch.float32) if output_final_state else None
+    h0 = initial_state.float().contiguous() if initial_state is not None else None
+    views = dict(q=q.view(B * T, H * K), k=k.view(B * T, H * K), w=w.view(B * T, HV * K),
+                 u=u.view(B * T, HV * V), o=o.view(B * T, HV * V))
+    descs = [TensorDescriptor.from_tensor(x, DESCRIPTOR_BLOCKS[n],
+                                          descriptor_layout(DESCRIPTOR_BLOCKS[n]))
+             for n, x in views.items()]
+    descs.append(TensorDescriptor.from_tensor(Gt, DESCRIPTOR_BLOCKS["g"], GATE_LAYOUT))
+    grid = (V // BV, B * HV)
+    chunk_state_output_t_kernel[grid](*descs, o, h0, ht, float(scale), T, H=H, HV=HV, K=K,
+                                      V=V, USE_INITIAL_STATE=h0 is not None,
+                                      STORE_FINAL_STATE=output_final_state,
+                                      OUTPUT=output,
+                                      STAGES=num_stages, num_warps=4,
+                                      maxnreg=MAXNREG)
+    return (o if output else None), ht
