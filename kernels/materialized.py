@@ -27,10 +27,18 @@ def contiguous(*xs):
     return [x if x is None or x.is_contiguous() else x.contiguous() for x in xs]
 
 
+# Below this many tokens (B·T) the forward is bound by host launch time, where the Gluon
+# kernel's launch (six TMA descriptors, the gates' repacking) costs more than it saves: H200,
+# (1, 2048): 0.70 / 0.67 ms with it against 0.28 / 0.30 without, in two runs; (1, 8192):
+# 0.42 against 0.46 (eval.bench, 2026-11-30)
+MIN_TOKENS_STATE_OUTPUT_KERNEL = 8192
+
+
 def uses_state_output_kernel(q, v, chunk_size, cu_seqlens):
     """Whether the forward runs chunk_state + chunk_output as the one Gluon kernel of
-    kernels/gluon_transposed.py: Hopper (sm_90), bf16, K = V = 128, chunk 64, dense batches,
-    compiled mode, and GDN_STATE_OUTPUT_KERNEL not set to 0 (A/B timing)."""
+    kernels/gluon_transposed.py: Hopper (sm_90), bf16, K = V = 128, chunk 64, dense batches
+    of at least MIN_TOKENS_STATE_OUTPUT_KERNEL tokens, compiled mode, and
+    GDN_STATE_OUTPUT_KERNEL not set to 0 (A/B timing)."""
     if (not q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
             or os.environ.get("GDN_STATE_OUTPUT_KERNEL") == "0"):
         return False
@@ -38,7 +46,7 @@ def uses_state_output_kernel(q, v, chunk_size, cu_seqlens):
         return False
     if (q.dtype != torch.bfloat16 or v.dtype != torch.bfloat16 or q.shape[3] != 128
             or v.shape[3] != 128 or chunk_size != 64 or cu_seqlens is not None
-            or q.shape[1] == 0):
+            or q.shape[0] * q.shape[1] < MIN_TOKENS_STATE_OUTPUT_KERNEL):
         return False
     try:
         from gdn_fused.kernels import gluon_transposed  # noqa: F401  (a Triton with Gluon)

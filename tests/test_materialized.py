@@ -140,3 +140,36 @@ def test_very_negative_gates_mixed_with_ordinary_ones(backend):
                                    backend=backend)
     o_ref, ht_ref = truth(q, k, v, g, b, h)
     assert rel_err(o, o_ref) <= 1e-6 and rel_err(ht, ht_ref) <= 1e-6
+
+
+def test_state_output_kernel_is_chosen_only_where_it_applies(monkeypatch):
+    """The routing rule of the materialized forward's Gluon state + output kernel, on stand-in
+    tensors (the kernel itself is tested on the GPU in tests/test_gluon_transposed.py)."""
+    from types import SimpleNamespace
+
+    from gdn_fused.kernels import materialized
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("GDN_STATE_OUTPUT_KERNEL", raising=False)
+    capability = [(9, 0)]
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability[0])
+
+    def x(B=1, T=8192, dim=128, dtype=torch.bfloat16, cuda=True):
+        return SimpleNamespace(is_cuda=cuda, device="cuda", dtype=dtype, shape=(B, T, 16, dim))
+
+    use = materialized.uses_state_output_kernel
+    assert use(x(), x(), 64, None)
+    assert use(x(B=4, T=2048), x(B=4, T=2048), 64, None)
+    assert not use(x(T=4096), x(T=4096), 64, None)  # launch-bound: the Triton kernels
+    assert not use(x(), x(), 64, torch.tensor([0, 8192]))  # packed: not supported
+    assert not use(x(), x(), 32, None)
+    assert not use(x(dim=64), x(dim=64), 64, None)
+    assert not use(x(dtype=torch.float16), x(dtype=torch.float16), 64, None)
+    assert not use(x(cuda=False), x(cuda=False), 64, None)
+    monkeypatch.setenv("GDN_STATE_OUTPUT_KERNEL", "0")
+    assert not use(x(), x(), 64, None)
+    monkeypatch.delenv("GDN_STATE_OUTPUT_KERNEL")
+    capability[0] = (10, 0)  # sm_100: wgmma and this kernel's setmaxnreg split are sm_90a
+    assert not use(x(), x(), 64, None)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    capability[0] = (9, 0)
+    assert not use(x(), x(), 64, None)
