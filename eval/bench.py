@@ -239,21 +239,24 @@ def bench_stages(B=1, T=32768):
     transposed = _gluon_kernel("gluon_transposed", "chunk_state_output_t",
                                "GDN_BENCH_SKIP_GLUON_T")
     if transposed is not None:
-        # the experimental transposed-state kernel (kernels/gluon_transposed.py): register
-        # operands on the chain; predicted ≤ 1 µs a chunk step against 3.1 for
-        # chunk_state_output_gluon, i.e. ≤ 550 µs here against 1,183 for state + output
+        # the transposed-state kernel the materialized forward runs on Hopper
+        # (kernels/gluon_transposed.py; 882 µs here on 2026-11-30 against 1,176 for
+        # chunk_state + chunk_output), unsplit and cut into two segments
         o_ref = chunk_output(q, k, v_new, h, G, 0.1, CHUNK, dot_precision=prec)
         stages["chunk_state + chunk_output"] = lambda: chunk_output(
             q, k, chunk_state(k, w, u, G, h0, True, CHUNK, B, dot_precision=prec)[1],
             h, G, 0.1, CHUNK, dot_precision=prec)
+        stages["chunk_state_output_t 2 segments"] = lambda: transposed(
+            q, k, w, u, G, 0.1, h0, True, segments=2)
         try:
             o_t, _ = transposed(q, k, w, u, G, 0.1, h0, True)
             print("chunk_state_output_t rel err vs chunk_state + chunk_output: o "
                   f"{((o_t - o_ref).float().norm() / o_ref.float().norm()).item():.2e}",
                   flush=True)
-            stages["chunk_state_output_t"] = lambda: transposed(q, k, w, u, G, 0.1, h0, True)
+            stages["chunk_state_output_t"] = lambda: transposed(q, k, w, u, G, 0.1, h0, True,
+                                                                segments=1)
             stages["chunk_state_output_t state only"] = lambda: transposed(
-                q, k, w, u, G, 0.1, h0, True, output=False)
+                q, k, w, u, G, 0.1, h0, True, output=False, segments=1)
         except Exception as e:  # experimental: report, keep the other numbers
             print(f"chunk_state_output_t failed: {e!r}", flush=True)
     wu = _gluon_kernel("gluon_wu", "wu_gluon", "GDN_BENCH_SKIP_GLUON_WU")

@@ -181,7 +181,7 @@ def _gluon_transposed(output: bool = True):
                                          dict(o="*bf16", scale="fp32"))
     sig["g_desc"] = tensordesc("fp64", DESCRIPTOR_BLOCKS["g"], GATE_LAYOUT)
     del sig["G"]  # the gates come by TMA (g_desc)
-    return fn, sig, {**consts, "OUTPUT": output}
+    return fn, sig, {**consts, "OUTPUT": output, "MAP": False, "NS": 1}
 
 
 def _gluon_wu():

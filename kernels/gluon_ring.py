@@ -1,4 +1,5 @@
-"""What the experimental warp-specialized Gluon kernels (gluon_state, gluon_state_output) share:
+"""What the warp-specialized Gluon kernels (gluon_state, gluon_state_output, gluon_transposed)
+share:
 the TMA producer, in which one warp streams a chunk's tiles into a ring of shared-memory
 stages, a ready/empty mbarrier pair per stage, while the consumer warpgroup works on the
 previous chunk; the ring's buffers and barriers; the program's place in the grid; the
@@ -19,11 +20,12 @@ def _tile_bytes(descs):
 
 
 @gluon.jit
-def load_ring(descs, bufs, cols, bars, row0, NT, gate_desc=None, gate_bufs=None, gate_row=0):
-    """Chunk i_t of every descriptor in ``descs`` (rows row0 + i_t·BT, column ``cols[i]``) into
-    stage i_t % STAGES of ``bufs[i]``, once the consumers have released that stage; with
-    ``gate_desc``, also the [1, BT] tile (gate_row, i_t·BT) of a [rows, T] gate tensor (a
-    sequence's gates for one head are a row there, so a chunk's are one TMA box)."""
+def load_ring(descs, bufs, cols, bars, row0, NT, gate_desc=None, gate_bufs=None, gate_row=0,
+              gate_col0=0):
+    """Chunk i_t < NT of every descriptor in ``descs`` (rows row0 + i_t·BT, column ``cols[i]``)
+    into stage i_t % STAGES of ``bufs[i]``, once the consumers have released that stage; with
+    ``gate_desc``, also the [1, BT] tile (gate_row, gate_col0 + i_t·BT) of a [rows, T] gate
+    tensor (a sequence's gates for one head are a row there, so a chunk's are one TMA box)."""
     ready, empty = bars
     BT: gl.constexpr = descs[0].block_type.shape[0]
     STAGES: gl.constexpr = bufs[0].type.shape[0]
@@ -42,7 +44,7 @@ def load_ring(descs, bufs, cols, bars, row0, NT, gate_desc=None, gate_bufs=None,
         for j in gl.static_range(len(descs)):
             tma.async_copy_global_to_shared(descs[j], [row, cols[j]], bar, bufs[j].index(s))
         if gate_desc is not None:
-            tma.async_copy_global_to_shared(gate_desc, [gate_row, i_t * BT], bar,
+            tma.async_copy_global_to_shared(gate_desc, [gate_row, gate_col0 + i_t * BT], bar,
                                             gate_bufs.index(s))
 
 

@@ -18,7 +18,8 @@ B·HV = 32 (docs/fused_design.md, session 3). With Sᵀ [BV, K] both chained pro
 running quantity on the left, and wgmma's A operand may come from registers: the fp32
 accumulator is rounded to bf16 and converted in place to the operand layout (FlashAttention-3's
 P·V trick; no shared-memory traffic in the PTX). BV = 64 is wgmma's M. Measured on the H200
-(state only, ``output=False``): 433–502 µs at (1, 32768), ~0.9 µs a chunk step.
+(state only, ``output=False``): 502 µs at (1, 32768), ~1 µs a chunk step (433 in a first form
+whose gate vectors came from the other warpgroup).
 
 Why three roles (gl.warp_specialize), each found by measurement (docs/speed_log.md, session 6):
 
@@ -47,7 +48,17 @@ T need not be a multiple of 64: the ring's tiles are 2-D over the flattened [B·
 so the last chunk of a sequence may read the next sequence's first rows; those get zero decay
 weight (no state change), zero rows of P (and P's columns past T meet only such rows), and a
 partial chunk's output is stored with a row mask instead of TMA (whose box would write into
-the next sequence). The gates are repacked as [B·HV, T] rows, zero past T.
+the next sequence). Those rows are multiplied by zero, not selected away, so a non-finite
+value there would reach the previous sequence: the materialized forward routes here only
+batches where no chunk straddles two sequences. The gates are repacked as [B·HV, T] rows,
+zero past T.
+
+Sequence splitting (``segments``, B·HV small): the state update is affine in the entering
+state, so a segment of chunks maps S_in ↦ M S_in + b; a first launch runs this kernel's state
+pass alone (``MAP``) over the K + V columns of [M | b] from [I | 0] (M's columns read no
+values) for every segment but the last, ``compose_segment_states`` composes the entering
+states exactly (fp64, tiny), and the main launch runs all segments side by side. Exact
+algebra, as kernels/fused_split.py: heads with g = 0 compose like decaying ones.
 """
 import torch
 import triton
@@ -60,6 +71,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from gdn_fused.kernels.gluon_ring import (LOAD_REGS, LOAD_WARPS, accumulator_layout,
                                           descriptor_layout, load_ring, ring_barriers,
                                           ring_buffers, ring_program)
+from gdn_fused.kernels.chunk_index import sm_count
 from gdn_fused.kernels.gluon_wu import _sum
 
 CHUNK = 64
@@ -77,7 +89,7 @@ MAXNREG = 168
 
 @gluon.jit
 def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv_ready,
-                      o_smem, o_desc, o, scale, T, NT, i_n, i_hv, i_v, HV: gl.constexpr,
+                      o_smem, o_desc, o, scale, T, c0, n, i_n, i_hv, i_v, HV: gl.constexpr,
                       V: gl.constexpr):
     """Per chunk: P = (Q Kᵀ) ⊙ M and, once the chain has put h_c and V' in shared memory,
     O = scale (D_{e^G} Q h_c + P V') into o."""
@@ -90,9 +102,10 @@ def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv
     o_j = gl.arange(0, BT, layout=gl.SliceLayout(0, acc))
     bos = i_n * T
     col = i_hv * V + i_v * BVr
-    for i_t in range(NT):
-        s = i_t % STAGES
-        phase = (i_t // STAGES) & 1
+    for j in range(n):
+        i_t = c0 + j
+        s = j % STAGES
+        phase = (j // STAGES) & 1
         mbarrier.wait(ready.index(s), phase)
         valid = i_t * BT + o_t < T
         b_G = g_bufs.index(s).reshape([BT]).load(gl.SliceLayout(1, acc))
@@ -141,9 +154,10 @@ def _state_tile_t(ptr, i_n, i_hv, i_v, HV: gl.constexpr, K: gl.constexpr, V: gl.
 
 @gluon.jit
 def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv_ready,
-                     h0, ht, T, NT, i_n, i_hv, i_v, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
-                     USE_INITIAL_STATE: gl.constexpr, STORE_FINAL_STATE: gl.constexpr,
-                     OUTPUT: gl.constexpr):
+                     h0, ht, T, c0, n, i_n, i_hv, i_v, i_seg, HV: gl.constexpr,
+                     K: gl.constexpr, SW: gl.constexpr, USE_INITIAL_STATE: gl.constexpr,
+                     STORE_FINAL_STATE: gl.constexpr, OUTPUT: gl.constexpr, MAP: gl.constexpr,
+                     NS: gl.constexpr):
     BT: gl.constexpr = k_bufs.type.shape[1]
     BVr: gl.constexpr = u_bufs.type.shape[2]
     STAGES: gl.constexpr = k_bufs.type.shape[0]
@@ -151,14 +165,23 @@ def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_b
     acc_t: gl.constexpr = accumulator_layout(BT)   # Sᵀ Wᵀ and V'ᵀ [BV, C]
     a_t: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_t, k_width=2)
     a_k: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_k, k_width=2)
-    if USE_INITIAL_STATE:
-        S = gl.load(_state_tile_t(h0, i_n, i_hv, i_v, HV, K, V, BVr, acc_k))
+    # a segment's state slab: [B, HV, K, SW] fp32 per segment (B·HV = grid axis 1)
+    seg = i_seg.to(gl.int64) * gl.num_programs(1) * K * SW
+    if MAP:
+        # the segment map [M | b]: M's columns start from I and see no values (u reads 0)
+        o_r = gl.arange(0, BVr, layout=gl.SliceLayout(1, acc_k)) + i_v * BVr
+        o_k = gl.arange(0, K, layout=gl.SliceLayout(0, acc_k))
+        S = gl.where(o_r[:, None] == o_k[None, :], 1., 0.)
+        u_keep = gl.where(i_v * BVr < K, 0., 1.)
+    elif USE_INITIAL_STATE:
+        S = gl.load(_state_tile_t(h0 + seg, i_n, i_hv, i_v, HV, K, SW, BVr, acc_k))
     else:
         S = gl.zeros([BVr, K], gl.float32, acc_k)
     o_c = gl.arange(0, BT, layout=gl.SliceLayout(0, acc_t))
-    for i_t in range(NT):
-        s = i_t % STAGES
-        phase = (i_t // STAGES) & 1
+    for j in range(n):
+        i_t = c0 + j
+        s = j % STAGES
+        phase = (j // STAGES) & 1
         mbarrier.wait(ready.index(s), phase)
         s16 = S.to(gl.bfloat16)
         s_op = gl.convert_layout(s16, a_t)
@@ -176,7 +199,10 @@ def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_b
         gam = gl.exp(G_last.to(gl.float32))
         # register operands stay live (deps) until the products reading them have retired
         X, s_op = warpgroup_mma_wait(num_outstanding=0, deps=[X, s_op])
-        vn = u_bufs.index(s).permute((1, 0)).load(acc_t).to(gl.float32) - X
+        vn = u_bufs.index(s).permute((1, 0)).load(acc_t).to(gl.float32)
+        if MAP:
+            vn = vn * u_keep
+        vn = vn - X
         d_op = gl.convert_layout((vn * decay[None, :]).to(gl.bfloat16), a_k)
         S = warpgroup_mma(d_op, k_bufs.index(s), S * gam, is_async=True)
         if OUTPUT:
@@ -189,22 +215,41 @@ def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_b
         if OUTPUT:
             mbarrier.arrive(sv_ready.index(s), count=1)
         mbarrier.arrive(empty.index(s), count=1)
-    if STORE_FINAL_STATE:
-        gl.store(_state_tile_t(ht, i_n, i_hv, i_v, HV, K, V, BVr, acc_k), S)
+    # the map of every segment it covers, or the final state from the last segment
+    if MAP:
+        gl.store(_state_tile_t(ht + seg, i_n, i_hv, i_v, HV, K, SW, BVr, acc_k), S)
+    elif STORE_FINAL_STATE and i_seg == NS - 1:
+        gl.store(_state_tile_t(ht, i_n, i_hv, i_v, HV, K, SW, BVr, acc_k), S)
 
 
 @gluon.jit
 def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, o, h0, ht,
-                                scale, T,
-                                H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
+                                scale, T, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
                                 V: gl.constexpr, USE_INITIAL_STATE: gl.constexpr,
                                 STORE_FINAL_STATE: gl.constexpr, OUTPUT: gl.constexpr,
-                                STAGES: gl.constexpr):
+                                MAP: gl.constexpr, NS: gl.constexpr, STAGES: gl.constexpr):
+    """Grid (SW / BV, B·HV, segments). MAP: the state pass alone over the K + V columns of
+    [M | b] from [I | 0] (SW = K + V) for segments 0 … NS − 2, each stored to ht's segment
+    slab; else the pass with the output over segment i_seg (SW = V), starting from h0's
+    segment slab (the composed entering states when NS > 1)."""
     BT: gl.constexpr = k_desc.block_type.shape[0]
     BVr: gl.constexpr = u_desc.block_type.shape[1]
+    if MAP:
+        SW: gl.constexpr = K + V
+    else:
+        SW: gl.constexpr = V
     i_v, i_n, i_hv, i_h = ring_program(H, HV)
+    i_seg = gl.program_id(2)
+    # segments are cut on the chunk grid: ceil(chunks / NS) chunks each, the last ones may
+    # be shorter or empty
     NT = gl.cdiv(T, BT)
-    q_bufs = ring_buffers(q_desc, STAGES)
+    per_seg = gl.cdiv(NT, NS)
+    c0 = gl.minimum(i_seg * per_seg, NT)
+    n = gl.minimum(c0 + per_seg, NT) - c0
+    if MAP:
+        u_col = i_hv * V + gl.maximum(i_v * BVr - K, 0)
+    else:
+        u_col = i_hv * V + i_v * BVr
     k_bufs = ring_buffers(k_desc, STAGES)
     w_bufs = ring_buffers(w_desc, STAGES)
     u_bufs = ring_buffers(u_desc, STAGES)
@@ -222,17 +267,23 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
     sv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(sv_ready.index(i), count=1)
-    fence_async_shared()
+    # q only for the output (the state pass alone, and the maps, read k, w, u and the gates)
+    if OUTPUT:
+        q_bufs = ring_buffers(q_desc, STAGES)
+        ring = ((q_desc, k_desc, w_desc, u_desc), (q_bufs, k_bufs, w_bufs, u_bufs),
+                (i_h * K, i_h * K, i_hv * K, u_col))
+    else:
+        q_bufs = k_bufs  # the output warpgroup runs no chunk then
+        ring = ((k_desc, w_desc, u_desc), (k_bufs, w_bufs, u_bufs), (i_h * K, i_hv * K, u_col))
     gl.warp_specialize([
         (_chain_partition, (k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
-                            sv_ready, h0, ht, T, NT, i_n, i_hv, i_v, HV, K, V,
-                            USE_INITIAL_STATE, STORE_FINAL_STATE, OUTPUT)),
+                            sv_ready, h0, ht, T, c0, n, i_n, i_hv, i_v, i_seg, HV, K, SW,
+                            USE_INITIAL_STATE, STORE_FINAL_STATE, OUTPUT, MAP, NS)),
         (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv_ready,
-                             o_smem, o_desc, o, scale, T, NT if OUTPUT else 0, i_n, i_hv, i_v,
-                             HV, V)),
-        (load_ring, ((q_desc, k_desc, w_desc, u_desc), (q_bufs, k_bufs, w_bufs, u_bufs),
-                     (i_h * K, i_h * K, i_hv * K, i_hv * V + i_v * BVr), (ready, empty),
-                     i_n * T, NT, g_desc, g_bufs, i_n * HV + i_hv)),
+                             o_smem, o_desc, o, scale, T, c0, n if OUTPUT else 0, i_n, i_hv,
+                             i_v, HV, V)),
+        (load_ring, (ring[0], ring[1], ring[2], (ready, empty), i_n * T + c0 * BT, n, g_desc,
+                     g_bufs, i_n * HV + i_hv, c0 * BT)),
     ], [OUT_WARPS, LOAD_WARPS], [OUT_REGS, LOAD_REGS])
 
 
@@ -242,25 +293,69 @@ DESCRIPTOR_BLOCKS = dict(q=[CHUNK, HEAD_DIM], k=[CHUNK, HEAD_DIM], w=[CHUNK, HEA
 GATE_LAYOUT = gl.NVMMASharedLayout.get_default_for([1, CHUNK], gl.float64)
 
 
+# Chunks a sequence needs before it is cut in two. H200, B = 1, HV = 32 (eval logs
+# bench_split_2026-11-30_s6): 512 chunks 869 → 777 µs with two segments; 128 chunks 226 →
+# 390 µs (the map launch, the composition's launches and the second launch's host time cost
+# more than half the steps save)
+MIN_CHUNKS_TO_SPLIT = 512
+
+
+def num_segments(num_seq_heads, num_chunks, sms):
+    """Segments a sequence is cut into (1 or 2): 2 when the map pass over [M | b] (K + V
+    columns, (K + V) / BV programs a head) and the main pass over two segments both fit one
+    wave of programs (one an SM: their shared memory), for sequences of MIN_CHUNKS_TO_SPLIT
+    chunks or more. At B·HV = 32 that is 128 programs for 132 SMs; a third segment would need a
+    second wave of maps."""
+    fits = num_seq_heads * (2 * HEAD_DIM // BV) <= sms
+    return 2 if fits and num_chunks >= MIN_CHUNKS_TO_SPLIT else 1
+
+
+def compose_segment_states(maps, h0, B, HV):
+    """The state entering each segment: h_init[0] = h0 (or 0), h_init[s] = M_{s−1} h_init[s−1]
+    + b_{s−1} with maps[s] = [M_s | b_s] ([NS − 1, B, HV, K, K + V] fp32). Composed in fp64
+    (TF32, if the caller enabled it for matmuls, would round the carried state) and returned
+    as [NS, B, HV, K, V] fp32. Exact algebra, not a truncation: heads with g = 0 compose as
+    exactly as decaying ones (kernels/fused_split.py, the same scheme)."""
+    NS, K = maps.shape[0] + 1, maps.shape[3]
+    V = maps.shape[4] - K
+    h = maps.new_zeros(NS, B * HV, K, V, dtype=torch.float64)
+    if h0 is not None:
+        h[0] = h0.reshape(B * HV, K, V)
+    m = maps.to(torch.float64).view(NS - 1, B * HV, K, K + V)
+    for s in range(1, NS):
+        h[s] = torch.baddbmm(m[s - 1, :, :, K:], m[s - 1, :, :, :K], h[s - 1])
+    return h.view(NS, B, HV, K, V).float()
+
+
 def chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state,
-                         output=True, num_stages=NUM_STAGES):
+                         output=True, num_stages=NUM_STAGES, segments=None):
     """chunk_state + chunk_output of the materialized forward without h or v_new in HBM.
 
     q, k [B, T, H, 128] bf16; w, u [B, T, HV, 128] bf16 (recompute_w_u); G [B, T, HV]
     (natural-log decay cumulated within each chunk of 64; read in fp64); scale a float;
     initial_state [B, HV, 128, 128] (read in fp32) or None; output=False runs the state pass
     alone (o is then None); num_stages: the ring's depth (3 fits shared memory only without
-    the output). Returns (o [B, T, HV, 128] bf16 or None, final state [B, HV, 128, 128] fp32 or
-    None). Raises ValueError
-    for head dims other than 128, non-bf16 q/k/w/u, shapes that do not match or HV not a
-    multiple of H. Needs a Hopper GPU (sm_90); dense batches only (the chunk size is 64).
+    the output); segments: cut each sequence into this many segments run side by side, their
+    entering states composed exactly from each segment's affine map (default
+    :func:`num_segments`: 2 when B·HV is small enough to leave half the SMs idle). Returns
+    (o [B, T, HV, 128] bf16 or None, final state [B, HV, 128, 128] fp32 or None). Raises
+    ValueError for tensors not on an NVIDIA sm_90 GPU, T = 0, head dims other than 128,
+    non-bf16 q/k/w/u, shapes that do not match or HV not a multiple of H. Dense batches only
+    (the chunk size is 64); with B > 1 and T not a multiple of 64, a non-finite value in a
+    sequence's first rows reaches the previous sequence (see the module docstring).
     Math: the chunkwise Gated DeltaNet forward (Yang, Kautz & Hatamizadeh, arXiv:2412.06464,
     §3.3)."""
     B, T, H, K = q.shape
     HV, V = u.shape[2], u.shape[3]
     name = "chunk_state_output_t"
+    if (not q.is_cuda or torch.version.hip is not None
+            or torch.cuda.get_device_capability(q.device) != (9, 0)):
+        raise ValueError(f"{name}: needs an NVIDIA sm_90 (Hopper) GPU, got q on {q.device}")
+    if T == 0:
+        raise ValueError(f"{name}: T = 0 (an empty sequence has nothing to tile)")
     if K != HEAD_DIM or V != HEAD_DIM or w.shape[3] != K or k.shape[3] != K:
-        raise ValueError(f"{name}: needs K = V = {HEAD_DIM}, got K {K}, V {V}")
+        raise ValueError(f"{name}: needs K = V = {HEAD_DIM} (q, k, w [.., K], u [.., V]), got "
+                         f"q {K}, k {k.shape[3]}, w {w.shape[3]}, u {V}")
     if any(x.dtype != torch.bfloat16 for x in (q, k, w, u)):
         raise ValueError(f"{name}: q, k, w, u must be bf16")
     if (HV % H or k.shape != q.shape or w.shape[:3] != (B, T, HV) or u.shape[:3] != (B, T, HV)
@@ -285,11 +380,16 @@ def chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state
                                           descriptor_layout(DESCRIPTOR_BLOCKS[n]))
              for n, x in views.items()]
     descs.append(TensorDescriptor.from_tensor(Gt, DESCRIPTOR_BLOCKS["g"], GATE_LAYOUT))
-    grid = (V // BV, B * HV)
-    chunk_state_output_t_kernel[grid](*descs, o, h0, ht, float(scale), T, H=H, HV=HV, K=K,
-                                      V=V, USE_INITIAL_STATE=h0 is not None,
-                                      STORE_FINAL_STATE=output_final_state,
-                                      OUTPUT=output,
-                                      STAGES=num_stages, num_warps=4,
-                                      maxnreg=MAXNREG)
+    NS = segments or num_segments(B * HV, NT, sm_count(q.device))
+    launch = dict(H=H, HV=HV, K=K, V=V, NS=NS, STAGES=num_stages, num_warps=4, maxnreg=MAXNREG)
+    if NS > 1:
+        # the maps [M | b] of segments 0 … NS − 2 (the only HBM besides o and the state)
+        maps = q.new_empty(NS - 1, B, HV, K, K + V, dtype=torch.float32)
+        chunk_state_output_t_kernel[((K + V) // BV, B * HV, NS - 1)](
+            *descs, o, None, maps, float(scale), T, USE_INITIAL_STATE=False,
+            STORE_FINAL_STATE=True, OUTPUT=False, MAP=True, **launch)
+        h0 = compose_segment_states(maps, h0, B, HV)
+    chunk_state_output_t_kernel[(V // BV, B * HV, NS)](
+        *descs, o, h0, ht, float(scale), T, USE_INITIAL_STATE=h0 is not None,
+        STORE_FINAL_STATE=output_final_state, OUTPUT=output, MAP=False, **launch)
     return (o if output else None), ht

@@ -4,8 +4,8 @@
       → W, U = recompute_w_u(T)
       → h, V' = chunk_state(W, U) → o = chunk_output(q, k, V', h)
 
-On Hopper, for dense bf16 batches with K = V = 128 and chunk 64, the last two run as one
-Gluon kernel (kernels/gluon_transposed.py) that keeps h and V' on chip: the same products with
+On Hopper, for dense bf16 batches of 8,192+ tokens with K = V = 128 and chunk 64, the last
+two run as one Gluon kernel (kernels/gluon_transposed.py) that keeps h and V' on chip: the same products with
 the same roundings (bit-identical o and final state in its GPU tests), 25 % less time at
 B = 1, T = 32768 (H200: 882 µs against 658 + 524).
 """
@@ -27,26 +27,31 @@ def contiguous(*xs):
     return [x if x is None or x.is_contiguous() else x.contiguous() for x in xs]
 
 
-# Below this many tokens (B·T) the forward is bound by host launch time, where the Gluon
-# kernel's launch (six TMA descriptors, the gates' repacking) costs more than it saves: H200,
-# (1, 2048): 0.70 / 0.67 ms with it against 0.28 / 0.30 without, in two runs; (1, 8192):
-# 0.42 against 0.46 (eval.bench, 2026-11-30)
+# Below this many tokens (B·T) the Gluon route measured slower: H200, (1, 2048): 0.70 / 0.67 ms
+# with it against 0.28 / 0.30 without, in two runs; (1, 8192): 0.42 against 0.46 (eval.bench,
+# 2026-11-30). Launch-bound shapes; where the extra time goes (host or device) is not profiled
 MIN_TOKENS_STATE_OUTPUT_KERNEL = 8192
 
 
 def uses_state_output_kernel(q, v, chunk_size, cu_seqlens):
     """Whether the forward runs chunk_state + chunk_output as the one Gluon kernel of
-    kernels/gluon_transposed.py: Hopper (sm_90), bf16, K = V = 128, chunk 64, dense batches
-    of at least MIN_TOKENS_STATE_OUTPUT_KERNEL tokens, compiled mode, and
-    GDN_STATE_OUTPUT_KERNEL not set to 0 (A/B timing)."""
-    if (not q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    kernels/gluon_transposed.py: an NVIDIA Hopper GPU (sm_90; not ROCm, whose devices are
+    "cuda" with capabilities 9.x too), bf16, K = V = 128, chunk 64, dense batches of at least
+    MIN_TOKENS_STATE_OUTPUT_KERNEL tokens where no chunk straddles two sequences (B = 1 or T a
+    multiple of 64: the kernel's TMA tiles run over the flattened token axis, so a partial
+    last chunk reads the next sequence's rows and only multiplies them by zero, which a
+    non-finite value there would turn into NaN), compiled mode, and GDN_STATE_OUTPUT_KERNEL
+    not set to 0 (A/B timing)."""
+    if (not q.is_cuda or torch.version.hip is not None
+            or os.environ.get("TRITON_INTERPRET") == "1"
             or os.environ.get("GDN_STATE_OUTPUT_KERNEL") == "0"):
         return False
-    if torch.cuda.get_device_capability(q.device)[0] != 9:
+    if torch.cuda.get_device_capability(q.device) != (9, 0):
         return False
+    B, T = q.shape[0], q.shape[1]
     if (q.dtype != torch.bfloat16 or v.dtype != torch.bfloat16 or q.shape[3] != 128
             or v.shape[3] != 128 or chunk_size != 64 or cu_seqlens is not None
-            or q.shape[0] * q.shape[1] < MIN_TOKENS_STATE_OUTPUT_KERNEL):
+            or B * T < MIN_TOKENS_STATE_OUTPUT_KERNEL or (B > 1 and T % chunk_size)):
         return False
     try:
         from gdn_fused.kernels import gluon_transposed  # noqa: F401  (a Triton with Gluon)

@@ -32,8 +32,9 @@ def test_compiles_to_a_warp_specialized_tma_wgmma_kernel_for_hopper():
     assert 144 * 1024 <= r["shared"] <= 227 * 1024
 
 
-def test_unsupported_inputs_are_refused():
-    f = gluon_state_output.chunk_state_output_gluon
+def assert_refuses_bad_shapes(f):
+    """The input checks a state + output launcher f(q, k, w, u, G, scale, h0, final) makes
+    before any launch (this kernel's and kernels/gluon_transposed.py's)."""
     q = torch.zeros(1, 64, 2, 64, dtype=torch.bfloat16)
     G = torch.zeros(1, 64, 2, dtype=torch.float64)
     with pytest.raises(ValueError, match="K = V = 128"):
@@ -48,6 +49,25 @@ def test_unsupported_inputs_are_refused():
         f(q, q, q, q, G, 1., torch.zeros(1, 2, 128, 64), False)
 
 
+def test_unsupported_inputs_are_refused():
+    assert_refuses_bad_shapes(gluon_state_output.chunk_state_output_gluon)
+
+
+def assert_like_triton_state_output(o, ht, q, k, w, u, G, scale, h0):
+    """(o, final state) of chunk_state + chunk_output on the same inputs, after checking that
+    o and ht have their shapes and dtype and are finite."""
+    from gdn_fused.kernels.chunk_output import chunk_output
+    from gdn_fused.kernels.chunk_state import chunk_state
+    from gdn_fused.kernels.kkt import dot_precision
+    prec = dot_precision(k.dtype)
+    h, v_new, ht_ref = chunk_state(k, w, u, G, h0, True, 64, q.shape[0], dot_precision=prec)
+    o_ref = chunk_output(q, k, v_new, h, G, scale, 64, dot_precision=prec)
+    torch.cuda.synchronize()
+    assert o.shape == o_ref.shape and o.dtype == q.dtype and ht.shape == ht_ref.shape
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+    return o_ref, ht_ref
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("B, T, H, HV, initial_state, gate", [
     (1, 64, 1, 1, False, "normal"),
@@ -57,20 +77,12 @@ def test_unsupported_inputs_are_refused():
     (1, 1024, 4, 8, True, "normal"),
 ])
 def test_matches_chunk_state_and_output(B, T, H, HV, initial_state, gate):
-    from gdn_fused.kernels.chunk_output import chunk_output
-    from gdn_fused.kernels.chunk_state import chunk_state
-    from gdn_fused.kernels.kkt import dot_precision
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("warpgroup MMA and setmaxnreg need sm_90 (Hopper)")
     q, k, w, u, G, h0 = state_inputs(B, T, H, HV, initial_state, seed=T + HV, gate=gate)
     scale = 128 ** -0.5
     o, ht = gluon_state_output.chunk_state_output_gluon(q, k, w, u, G, scale, h0, True)
-    prec = dot_precision(k.dtype)
-    h, v_new, ht_ref = chunk_state(k, w, u, G, h0, True, 64, B, dot_precision=prec)
-    o_ref = chunk_output(q, k, v_new, h, G, scale, 64, dot_precision=prec)
-    torch.cuda.synchronize()
-    assert o.shape == o_ref.shape and o.dtype == q.dtype and ht.shape == ht_ref.shape
-    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+    o_ref, ht_ref = assert_like_triton_state_output(o, ht, q, k, w, u, G, scale, h0)
     assert rel_err(o, o_ref) <= 1e-2
     assert rel_err(ht, ht_ref) <= 1e-2
     o_only, none = gluon_state_output.chunk_state_output_gluon(q, k, w, u, G, scale, h0, False)

@@ -11,9 +11,11 @@ pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper",
                     reason="this Triton has no Gluon Hopper API (triton.experimental.gluon)")
 from gdn_fused.kernels import gluon_transposed  # noqa: E402
 from tests.test_gluon_state import state_inputs  # noqa: E402
+from tests.test_gluon_state_output import (assert_like_triton_state_output,  # noqa: E402
+                                           assert_refuses_bad_shapes)
 
 
-@pytest.mark.parametrize("output, wgmma, tma", [(True, 32, 9), (False, 12, 8)])
+@pytest.mark.parametrize("output, wgmma, tma", [(True, 32, 9), (False, 12, 6)])
 def test_compiles_to_a_warp_specialized_kernel_with_register_operands(output, wgmma, tma):
     name = ("state+output transposed gluon" if output else
             "state transposed gluon, no output") + " (experimental)"
@@ -21,31 +23,30 @@ def test_compiles_to_a_warp_specialized_kernel_with_register_operands(output, wg
     r = compile_report(*build(), **options)
     f = r["features"]
     # measured (Triton 3.6): Sᵀ Wᵀ 8 k-steps and V'ᵀ K 4 on the chain; Q Kᵀ and Q h_c 8 each
-    # and P V' 4 in the output warpgroup; TMA: q, k, w as two 64-column boxes each, u, the o
-    # store; setmaxnreg per role (chain 256, output 120, producer 24)
+    # and P V' 4 in the output warpgroup; TMA: q (with the output only), k, w as two 64-column
+    # boxes each, u, the gates' box, the o store; setmaxnreg per role (chain 256, output 128,
+    # producer 24)
     assert f["setmaxnreg"] > 0 and f["wgmma"] == wgmma and f["tma"] == tma
     assert f["mbarrier"] > 0 and f["mma.sync"] == 0
     assert r["registers"] <= gluon_transposed.MAXNREG
     assert r["spill_stores"] == 0 and r["spill_loads"] == 0
-    # a 2-stage ring of q, k, w (16 KB each) and u (8 KB), h_c and V' (24 KB a stage), the
-    # gate vectors, o's staging tile: 174 KB, one program an SM
-    assert r["shared"] <= 227 * 1024
+    # a 2-stage ring of q, k, w (16 KB each), u (8 KB) and the gates, h_c and V' (24 KB a
+    # stage), o's staging tile: 174 KB, one program an SM; without the output 83 KB
+    assert r["shared"] <= (227 if output else 100) * 1024
 
 
-def test_unsupported_inputs_are_refused():
+def test_unsupported_inputs_are_refused(monkeypatch):
     f = gluon_transposed.chunk_state_output_t
-    q = torch.zeros(1, 64, 2, 64, dtype=torch.bfloat16)
-    G = torch.zeros(1, 64, 2, dtype=torch.float64)
-    with pytest.raises(ValueError, match="K = V = 128"):
-        f(q, q, q, q, G, 1., None, False)
     q = torch.zeros(1, 64, 2, 128, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="bf16"):
-        f(q.float(), q, q, q, G, 1., None, False)
-    w = torch.zeros(1, 64, 3, 128, dtype=torch.bfloat16)  # 3 value heads over 2 key heads
-    with pytest.raises(ValueError, match="do not match"):
-        f(q, q, w, w, torch.zeros(1, 64, 3), 1., None, False)
-    with pytest.raises(ValueError, match="initial_state"):
-        f(q, q, q, q, G, 1., torch.zeros(1, 2, 128, 64), False)
+    G = torch.zeros(1, 64, 2, dtype=torch.float64)
+    with pytest.raises(ValueError, match="sm_90"):  # a CPU tensor
+        f(q, q, q, q, G, 1., None, False)
+    # past the device check, as on a Hopper GPU
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    with pytest.raises(ValueError, match="T = 0"):
+        f(q[:, :0], q[:, :0], q[:, :0], q[:, :0], G[:, :0], 1., None, False)
+    assert_refuses_bad_shapes(f)
 
 
 def _hopper():
@@ -53,43 +54,74 @@ def _hopper():
         pytest.skip("warpgroup MMA and setmaxnreg need sm_90 (Hopper)")
 
 
+def test_composed_segment_states_are_the_sequential_ones():
+    """compose_segment_states on maps [M | b] made by the fp64 recurrence itself (a segment run
+    from [I | 0] with values [0 | v]): the states entering each segment equal those of one
+    sequential run, g = 0 heads included (no truncation)."""
+    from gdn_fused.reference import recurrent_gated_delta_rule_ref as ref
+    B, T, H, HV, K, V, NS = 2, 96, 1, 2, 8, 4, 3
+    q, k, v, g, beta, h0 = (x.double() for x in make_inputs(B, T, H, HV, K, V,
+                                                             initial_state=True, seed=3))
+    g[:, :, 1] = 0.  # one head without decay
+    cut = [0, 32, 64, 96]
+    maps = []
+    for s in range(NS - 1):
+        sl = slice(cut[s], cut[s + 1])
+        eye = torch.eye(K, dtype=torch.float64).expand(B, HV, K, K)
+        vs = torch.cat([torch.zeros(B, 32, HV, K, dtype=torch.float64), v[:, sl]], -1)
+        _, m = ref(q[:, sl], k[:, sl], vs, g[:, sl], beta[:, sl], None,
+                   torch.cat([eye, torch.zeros(B, HV, K, V, dtype=torch.float64)], -1), True)
+        maps.append(m)
+    h = gluon_transposed.compose_segment_states(torch.stack(maps).float(), h0.float(), B, HV)
+    for s in range(NS):
+        _, h_ref = ref(q[:, :cut[s]], k[:, :cut[s]], v[:, :cut[s]], g[:, :cut[s]],
+                       beta[:, :cut[s]], None, h0, True)
+        assert rel_err(h[s], h_ref) <= 1e-6
+
+
+def test_num_segments():
+    # a Qwen3-Next layer at B = 1 (32 value heads): 2 segments; at B = 2 or short: 1
+    assert gluon_transposed.num_segments(32, 512, 132) == 2
+    assert gluon_transposed.num_segments(64, 512, 132) == 1
+    assert gluon_transposed.num_segments(32, 128, 132) == 1  # measured slower split
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("segments", [1, 2, 3])
 @pytest.mark.parametrize("B, T, H, HV, initial_state, gate", [
     (1, 64, 1, 1, False, "normal"),
     (2, 256, 2, 4, True, "normal"),   # GVA: two value heads per key head
     (2, 200, 2, 2, True, "normal"),   # T not a multiple of 64: the last chunk is partial
     (3, 130, 1, 2, False, "strong"),  # e^{G_i − G_j} above the diagonal overflows unmasked
     (2, 1000, 2, 6, True, "zero"),    # GVA 3, no decay, partial last chunk
+    (4, 40, 1, 1, True, "normal"),    # T < 64: every chunk partial, its box spans 2 sequences
 ])
-def test_matches_chunk_state_and_output(B, T, H, HV, initial_state, gate):
-    from gdn_fused.kernels.chunk_output import chunk_output
-    from gdn_fused.kernels.chunk_state import chunk_state
-    from gdn_fused.kernels.kkt import dot_precision
+def test_matches_chunk_state_and_output(B, T, H, HV, initial_state, gate, segments):
     _hopper()
     q, k, w, u, G, h0 = state_inputs(B, T, H, HV, initial_state, seed=T + HV, gate=gate)
     scale = 128 ** -0.5
-    o, ht = gluon_transposed.chunk_state_output_t(q, k, w, u, G, scale, h0, True)
-    prec = dot_precision(k.dtype)
-    h, v_new, ht_ref = chunk_state(k, w, u, G, h0, True, 64, B, dot_precision=prec)
-    o_ref = chunk_output(q, k, v_new, h, G, scale, 64, dot_precision=prec)
-    torch.cuda.synchronize()
-    assert o.shape == o_ref.shape and o.dtype == q.dtype and ht.shape == ht_ref.shape
-    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
-    print(f"\n  transposed {B, T, H, HV, gate} vs chunk_state+chunk_output: "
+    o, ht = gluon_transposed.chunk_state_output_t(q, k, w, u, G, scale, h0, True,
+                                                  segments=segments)
+    o_ref, ht_ref = assert_like_triton_state_output(o, ht, q, k, w, u, G, scale, h0)
+    print(f"\n  transposed {B, T, H, HV, gate}, {segments} segments vs chunk_state+chunk_output: "
           f"o {rel_err(o, o_ref):.2e} state {rel_err(ht, ht_ref):.2e}")
     assert rel_err(o, o_ref) <= 1e-2
     assert rel_err(ht, ht_ref) <= 1e-2
-    o_only, none = gluon_transposed.chunk_state_output_t(q, k, w, u, G, scale, h0, False)
+    if segments == 1:  # unsplit: the same products with the same roundings
+        assert rel_err(o, o_ref) == 0. and rel_err(ht, ht_ref) == 0.
+    o_only, none = gluon_transposed.chunk_state_output_t(q, k, w, u, G, scale, h0, False,
+                                                         segments=segments)
     assert none is None and rel_err(o_only, o) == 0.
     # the state-only pass: the same chain, so the same final state to the bit
     _, ht_only = gluon_transposed.chunk_state_output_t(q, k, w, u, G, scale, h0, True,
-                                                       output=False)
+                                                       output=False, segments=segments)
     assert rel_err(ht_only, ht) == 0.
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("segments", [1, 2])
 @pytest.mark.parametrize("gate, T", [("normal", 8192), ("zero", 8192), ("strong", 1000)])
-def test_against_fp64(gate, T):
+def test_against_fp64(gate, T, segments):
     """Against the fp64 recurrence on the Qwen3-Next head shape, with W and U from the
     materialized kernels (their bf16 rounding included): the materialized path's precision
     (measured 2026-11-30: o 3.3e-3 / 4.5e-3 / 2.9e-3, state 2.6e-3 / 3.9e-3 / 1.6e-3)."""
@@ -101,8 +133,9 @@ def test_against_fp64(gate, T):
                                           initial_state=True, device="cuda", seed=seed,
                                           gate=gate)
     o_ref, ht_ref = truth(qf, kf, v, g, beta, h0f, scale=128 ** -0.5)
-    o, ht = gluon_transposed.chunk_state_output_t(q, k, w, u, G, 128 ** -0.5, h0, True)
-    print(f"\n  transposed {gate} T={T} vs fp64: o {rel_err(o, o_ref):.2e} "
+    o, ht = gluon_transposed.chunk_state_output_t(q, k, w, u, G, 128 ** -0.5, h0, True,
+                                                  segments=segments)
+    print(f"\n  transposed {gate} T={T}, {segments} segments vs fp64: o {rel_err(o, o_ref):.2e} "
           f"state {rel_err(ht, ht_ref):.2e}")
     assert rel_err(o, o_ref) <= 5e-3
     assert rel_err(ht, ht_ref) <= 5e-3

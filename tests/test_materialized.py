@@ -159,6 +159,8 @@ def test_state_output_kernel_is_chosen_only_where_it_applies(monkeypatch):
     use = materialized.uses_state_output_kernel
     assert use(x(), x(), 64, None)
     assert use(x(B=4, T=2048), x(B=4, T=2048), 64, None)
+    assert use(x(T=8200), x(T=8200), 64, None)  # one sequence: nothing past its partial chunk
+    assert not use(x(B=4, T=2050), x(B=4, T=2050), 64, None)  # a chunk would straddle two
     assert not use(x(T=4096), x(T=4096), 64, None)  # launch-bound: the Triton kernels
     assert not use(x(), x(), 64, torch.tensor([0, 8192]))  # packed: not supported
     assert not use(x(), x(), 32, None)
@@ -170,6 +172,9 @@ def test_state_output_kernel_is_chosen_only_where_it_applies(monkeypatch):
     monkeypatch.delenv("GDN_STATE_OUTPUT_KERNEL")
     capability[0] = (10, 0)  # sm_100: wgmma and this kernel's setmaxnreg split are sm_90a
     assert not use(x(), x(), 64, None)
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
     capability[0] = (9, 0)
+    monkeypatch.setattr(torch.version, "hip", "6.2")  # ROCm reports 9.x for MI200/MI300
+    assert not use(x(), x(), 64, None)
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert not use(x(), x(), 64, None)
