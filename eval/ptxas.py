@@ -175,13 +175,16 @@ def _gluon_state_output():
                               dict(o="*bf16", scale="fp32"))
 
 
-def _gluon_transposed(output: bool = True):
+def _gluon_transposed(output: bool = True, map_pass: bool = False):
     from gdn_fused.kernels.gluon_transposed import DESCRIPTOR_BLOCKS, GATE_LAYOUT
     fn, sig, consts = _gluon_ring_kernel("gluon_transposed", "chunk_state_output_t_kernel",
                                          dict(o="*bf16", scale="fp32"))
     sig["g_desc"] = tensordesc("fp64", DESCRIPTOR_BLOCKS["g"], GATE_LAYOUT)
     del sig["G"]  # the gates come by TMA (g_desc)
-    return fn, sig, {**consts, "OUTPUT": output, "MAP": False, "NS": 1}
+    consts = {**consts, "OUTPUT": output, "MAP": map_pass, "NS": 2 if map_pass else 1}
+    if map_pass:
+        consts["USE_INITIAL_STATE"] = False
+    return fn, sig, consts
 
 
 def _gluon_wu():
@@ -197,7 +200,8 @@ def _gluon_wu():
 # architecture aborts inside LLVM, which no Python handler can catch
 HOPPER_ONLY = ("chunk_state gluon (experimental)", "chunk_state+output gluon (experimental)",
                "w, u gluon (experimental)", "state+output transposed gluon (experimental)",
-               "state transposed gluon, no output (experimental)")
+               "state transposed gluon, no output (experimental)",
+               "segment maps transposed gluon (experimental)")
 ARCHS = (80, 86, 89, 90)
 
 
@@ -226,6 +230,8 @@ def _kernels() -> dict:
             _gluon_transposed, dict(num_warps=4, maxnreg=T_MAXNREG)),
         "state transposed gluon, no output (experimental)": (
             lambda: _gluon_transposed(False), dict(num_warps=4, maxnreg=T_MAXNREG)),
+        "segment maps transposed gluon (experimental)": (
+            lambda: _gluon_transposed(False, True), dict(num_warps=4, maxnreg=T_MAXNREG)),
     }
 
 

@@ -53,7 +53,8 @@ value there would reach the previous sequence: the materialized forward routes h
 batches where no chunk straddles two sequences. The gates are repacked as [B·HV, T] rows,
 zero past T.
 
-Sequence splitting (``segments``, B·HV small): the state update is affine in the entering
+Sequence splitting (``segments``; by default for sequences of 512+ chunks at small B·HV,
+``num_segments``): the state update is affine in the entering
 state, so a segment of chunks maps S_in ↦ M S_in + b; a first launch runs this kernel's state
 pass alone (``MAP``) over the K + V columns of [M | b] from [I | 0] (M's columns read no
 values) for every segment but the last, ``compose_segment_states`` composes the entering
@@ -201,6 +202,8 @@ def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_b
         X, s_op = warpgroup_mma_wait(num_outstanding=0, deps=[X, s_op])
         vn = u_bufs.index(s).permute((1, 0)).load(acc_t).to(gl.float32)
         if MAP:
+            # (a product, not a select: a non-finite u would reach all of M, where unsplit it
+            # stays in its column; non-finite inputs give non-finite outputs either way)
             vn = vn * u_keep
         vn = vn - X
         d_op = gl.convert_layout((vn * decay[None, :]).to(gl.bfloat16), a_k)
@@ -337,7 +340,8 @@ def chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state
     alone (o is then None); num_stages: the ring's depth (3 fits shared memory only without
     the output); segments: cut each sequence into this many segments run side by side, their
     entering states composed exactly from each segment's affine map (default
-    :func:`num_segments`: 2 when B·HV is small enough to leave half the SMs idle). Returns
+    :func:`num_segments`: 2 for sequences of 512+ chunks when B·HV is small enough to leave half
+    the SMs idle; at most one segment a chunk). Returns
     (o [B, T, HV, 128] bf16 or None, final state [B, HV, 128, 128] fp32 or None). Raises
     ValueError for tensors not on an NVIDIA sm_90 GPU, T = 0, head dims other than 128,
     non-bf16 q/k/w/u, shapes that do not match or HV not a multiple of H. Dense batches only
@@ -365,6 +369,8 @@ def chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state
     if initial_state is not None and initial_state.shape != (B, HV, K, V):
         raise ValueError(f"{name}: initial_state {tuple(initial_state.shape)} is not "
                          f"{(B, HV, K, V)}")
+    if segments is not None and (not isinstance(segments, int) or segments < 1):
+        raise ValueError(f"{name}: segments must be a positive int, got {segments!r}")
     q, k, w, u = (x.contiguous() for x in (q, k, w, u))
     # the gates as [B·HV, T] rows (a chunk's are one TMA box), zero past T and padded to whole
     # chunks (a TMA row stride must be a multiple of 16 bytes)
@@ -380,7 +386,7 @@ def chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state
                                           descriptor_layout(DESCRIPTOR_BLOCKS[n]))
              for n, x in views.items()]
     descs.append(TensorDescriptor.from_tensor(Gt, DESCRIPTOR_BLOCKS["g"], GATE_LAYOUT))
-    NS = segments or num_segments(B * HV, NT, sm_count(q.device))
+    NS = min(segments or num_segments(B * HV, NT, sm_count(q.device)), NT)
     launch = dict(H=H, HV=HV, K=K, V=V, NS=NS, STAGES=num_stages, num_warps=4, maxnreg=MAXNREG)
     if NS > 1:
         # the maps [M | b] of segments 0 … NS − 2 (the only HBM besides o and the state)

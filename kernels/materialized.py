@@ -6,8 +6,10 @@
 
 On Hopper, for dense bf16 batches of 8,192+ tokens with K = V = 128 and chunk 64, the last
 two run as one Gluon kernel (kernels/gluon_transposed.py) that keeps h and V' on chip: the same products with
-the same roundings (bit-identical o and final state in its GPU tests), 25 % less time at
-B = 1, T = 32768 (H200: 882 µs against 658 + 524).
+the same roundings (unsplit, o and the final state are bit-identical to theirs in its GPU
+tests), 25 % less time at B = 1, T = 32768 (H200: 882 µs against 658 + 524); from 512 chunks
+at small B·HV it cuts each sequence in two (777 µs there; exact composition of the segment
+maps, equally close to the fp64 truth but not bit-identical where heads do not decay).
 """
 import os
 

@@ -15,10 +15,13 @@ from tests.test_gluon_state_output import (assert_like_triton_state_output,  # n
                                            assert_refuses_bad_shapes)
 
 
-@pytest.mark.parametrize("output, wgmma, tma", [(True, 32, 9), (False, 12, 6)])
-def test_compiles_to_a_warp_specialized_kernel_with_register_operands(output, wgmma, tma):
-    name = ("state+output transposed gluon" if output else
-            "state transposed gluon, no output") + " (experimental)"
+@pytest.mark.parametrize("name, output, wgmma, tma", [
+    ("state+output transposed gluon", True, 32, 9),
+    ("state transposed gluon, no output", False, 12, 6),
+    ("segment maps transposed gluon", False, 12, 6),
+])
+def test_compiles_to_a_warp_specialized_kernel_with_register_operands(name, output, wgmma, tma):
+    name += " (experimental)"
     build, options = _kernels()[name]
     r = compile_report(*build(), **options)
     f = r["features"]
@@ -84,6 +87,16 @@ def test_num_segments():
     assert gluon_transposed.num_segments(32, 512, 132) == 2
     assert gluon_transposed.num_segments(64, 512, 132) == 1
     assert gluon_transposed.num_segments(32, 128, 132) == 1  # measured slower split
+
+
+def test_segments_must_be_a_positive_int(monkeypatch):
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    q = torch.zeros(1, 64, 1, 128, dtype=torch.bfloat16)
+    G = torch.zeros(1, 64, 1, dtype=torch.float64)
+    for bad in (0, -1, 2.0):
+        with pytest.raises(ValueError, match="segments"):
+            gluon_transposed.chunk_state_output_t(q, q, q, q, G, 1., None, False, segments=bad)
 
 
 @pytest.mark.gpu
