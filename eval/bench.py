@@ -259,6 +259,21 @@ def bench_stages(B=1, T=32768):
                 q, k, w, u, G, 0.1, h0, True, output=False, segments=1)
         except Exception as e:  # experimental: report, keep the other numbers
             print(f"chunk_state_output_t failed: {e!r}", flush=True)
+    forward_t = _gluon_kernel("gluon_transposed", "forward_t", "GDN_BENCH_SKIP_GLUON_FWD_T")
+    if forward_t is not None and transposed is not None:
+        # experimental: W and U formed on chip (a fourth warpgroup) instead of recompute_w_u
+        # + the kernel above; predicted −200 µs here (docs/fused_design.md, session 6 plan)
+        try:
+            o_f, _ = forward_t(q, k, v, G, beta, Ai, 0.1, h0, True)
+            o_t, _ = transposed(q, k, w, u, G, 0.1, h0, True)
+            print("forward_t rel diff vs recompute_w_u + chunk_state_output_t: o "
+                  f"{((o_f - o_t).float().norm() / o_t.float().norm()).item():.2e}", flush=True)
+            stages["recompute_w_u + chunk_state_output_t"] = lambda: transposed(
+                q, k, *recompute_w_u(k, v, G, beta, Ai, dot_precision=prec), G, 0.1, h0, True)
+            stages["forward_t (W/U on chip)"] = lambda: forward_t(q, k, v, G, beta, Ai, 0.1,
+                                                                  h0, True)
+        except Exception as e:  # experimental: report, keep the other numbers
+            print(f"forward_t failed: {e!r}", flush=True)
     wu = _gluon_kernel("gluon_wu", "wu_gluon", "GDN_BENCH_SKIP_GLUON_WU")
     if wu is not None:
         # the experimental chunk-parallel half in one Gluon kernel (kernels/gluon_wu.py): w, u

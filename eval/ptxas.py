@@ -187,6 +187,17 @@ def _gluon_transposed(output: bool = True, map_pass: bool = False):
     return fn, sig, consts
 
 
+def _gluon_transposed_wu(output: bool = True):
+    """The transposed kernel with W and U formed on chip: T's [C, C] tiles in w_desc's place,
+    v's in u_desc's, the gate tiles [2, C] (G and β)."""
+    from gdn_fused.kernels.gluon_ring import descriptor_layout
+    from gdn_fused.kernels.gluon_transposed import WU_GATE_BLOCK, WU_GATE_LAYOUT
+    fn, sig, consts = _gluon_transposed(output)
+    sig["w_desc"] = tensordesc("bf16", [64, 64], descriptor_layout([64, 64]))
+    sig["g_desc"] = tensordesc("fp64", WU_GATE_BLOCK, WU_GATE_LAYOUT)
+    return fn, sig, {**consts, "WU": True}
+
+
 def _gluon_wu():
     from gdn_fused.kernels.gluon_ring import descriptor_layout
     from gdn_fused.kernels.gluon_wu import DESCRIPTOR_BLOCKS, wu_gluon_kernel
@@ -201,7 +212,8 @@ def _gluon_wu():
 HOPPER_ONLY = ("chunk_state gluon (experimental)", "chunk_state+output gluon (experimental)",
                "w, u gluon (experimental)", "state+output transposed gluon (experimental)",
                "state transposed gluon, no output (experimental)",
-               "segment maps transposed gluon (experimental)")
+               "segment maps transposed gluon (experimental)",
+               "forward transposed gluon, W/U on chip (experimental)")
 ARCHS = (80, 86, 89, 90)
 
 
@@ -211,6 +223,7 @@ def _kernels() -> dict:
     from gdn_fused.kernels.gluon_state import MAXNREG
     from gdn_fused.kernels.gluon_state_output import MAXNREG as FUSED_MAXNREG
     from gdn_fused.kernels.gluon_transposed import MAXNREG as T_MAXNREG
+    from gdn_fused.kernels.gluon_transposed import MAXNREG_WU as T_MAXNREG_WU
     from gdn_fused.kernels.gluon_wu import NUM_WARPS as WU_WARPS
     from gdn_fused.kernels.kkt_solve import MAXNREG_FROM_A, NUM_WARPS
     return {
@@ -232,6 +245,8 @@ def _kernels() -> dict:
             lambda: _gluon_transposed(False), dict(num_warps=4, maxnreg=T_MAXNREG)),
         "segment maps transposed gluon (experimental)": (
             lambda: _gluon_transposed(False, True), dict(num_warps=4, maxnreg=T_MAXNREG)),
+        "forward transposed gluon, W/U on chip (experimental)": (
+            _gluon_transposed_wu, dict(num_warps=4, maxnreg=T_MAXNREG_WU)),
     }
 
 

@@ -60,6 +60,13 @@ pass alone (``MAP``) over the K + V columns of [M | b] from [I | 0] (M's columns
 values) for every segment but the last, ``compose_segment_states`` composes the entering
 states exactly (fp64, tiny), and the main launch runs all segments side by side. Exact
 algebra, as kernels/fused_split.py: heads with g = 0 compose like decaying ones.
+
+Experimental, written and compiled but not yet run on a GPU (``forward_t``, ``WU``): a fourth
+warpgroup forms each chunk's W and U from T (kkt_solve_from_k's bf16 inverse) and the ring's k
+and v, so the forward after the inverse is this one kernel and recompute_w_u's launch and
+W/U traffic go (docs/fused_design.md, "Next"). 207 KB of shared memory, four roles at 128
+registers a thread before setmaxnreg (chain 232), 36 bytes of scalar spills. With WU off the
+kernel's PTX instructions are unchanged (checked by diffing them).
 """
 import torch
 import triton
@@ -86,6 +93,68 @@ OUT_REGS = gl.constexpr(128)
 # 4 + 4 + 1 warps, padded to 12: 65,536 / (12 · 32) = 170 registers a thread before setmaxnreg
 # hands the chain's warpgroup what the other two do not use
 MAXNREG = 168
+# the W/U warpgroup (experimental, WU): T as a bf16 operand, the [64, 128] W accumulator
+WU_WARPS = gl.constexpr(4)
+WU_REGS = gl.constexpr(128)
+MAXNREG_WU = 128  # 4 + 4 + 1 + 4 warps, padded to 16: 65,536 / (16 · 32)
+
+
+@gluon.jit
+def _gate_row(g_bufs, s, row: gl.constexpr):
+    """Row ``row`` of stage s's gate tile as a [C] view: the tile is [1, C] (G) or, with W and U
+    formed on chip, [2, C] (G, then β)."""
+    ROWS: gl.constexpr = g_bufs.type.shape[1]
+    BT: gl.constexpr = g_bufs.type.shape[2]
+    if ROWS == 1:
+        g = g_bufs.index(s).reshape([BT])
+    else:
+        # the unswizzled [ROWS, C] fp64 tiles read as flat rows (a sliced view cannot be
+        # reshaped in Triton 3.6, and a rank-2 layout cannot index to rank 1)
+        flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+        g = g_bufs._reinterpret(gl.float64, [g_bufs.type.shape[0] * ROWS, BT], flat)
+        g = g.index(s * ROWS + row)
+    return g
+
+
+@gluon.jit
+def _wu_partition(k_bufs, t_bufs, v_bufs, g_bufs, ready, empty, wp_bufs, up_bufs, wu_ready,
+                  c0, n):
+    """Per chunk, W = T D_{βe^G} K and U = T D_β V into stage i_t % STAGES of wp_bufs / up_bufs,
+    from the ring's T (bf16 [C, C]), k and v tiles: D scales T's columns in registers (the A
+    operand), so k and v enter the products as loaded. (recompute_w_u scales k's and v's rows
+    instead: the same products, one bf16 rounding at another place.)"""
+    BT: gl.constexpr = k_bufs.type.shape[1]
+    K: gl.constexpr = k_bufs.type.shape[2]
+    BVr: gl.constexpr = v_bufs.type.shape[2]
+    STAGES: gl.constexpr = k_bufs.type.shape[0]
+    acc_t: gl.constexpr = accumulator_layout(BT)
+    acc_k: gl.constexpr = accumulator_layout(K)
+    acc_v: gl.constexpr = accumulator_layout(BVr)
+    a_w: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_k, k_width=2)
+    a_u: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_v, k_width=2)
+    cols: gl.constexpr = gl.SliceLayout(0, acc_t)
+    for j in range(n):
+        s = j % STAGES
+        mbarrier.wait(ready.index(s), (j // STAGES) & 1)
+        t = t_bufs.index(s).load(acc_t).to(gl.float32)
+        b_G = _gate_row(g_bufs, s, 0).load(cols)
+        b_beta = _gate_row(g_bufs, s, 1).load(cols).to(gl.float32)
+        # β is 0 past T (the gate rows are zero-padded), so those columns of T drop out
+        a = gl.convert_layout((t * (b_beta * gl.exp(b_G.to(gl.float32)))[None, :])
+                              .to(gl.bfloat16), a_w)
+        b_w = warpgroup_mma(a, k_bufs.index(s), gl.zeros([BT, K], gl.float32, acc_k),
+                            use_acc=False)
+        wp_bufs.index(s).store(b_w.to(gl.bfloat16))
+        a = gl.convert_layout((t * b_beta[None, :]).to(gl.bfloat16), a_u)
+        b_u = warpgroup_mma(a, v_bufs.index(s), gl.zeros([BT, BVr], gl.float32, acc_v),
+                            use_acc=False)
+        up_bufs.index(s).store(b_u.to(gl.bfloat16))
+        # W and U are read by the chain's wgmmas (the async proxy): fence, all four warps,
+        # then one arrive for them and one for the ring stage (its k, T, v reads are done)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(wu_ready.index(s), count=1)
+        mbarrier.arrive(empty.index(s), count=1)
 
 
 @gluon.jit
@@ -109,8 +178,8 @@ def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv
         phase = (j // STAGES) & 1
         mbarrier.wait(ready.index(s), phase)
         valid = i_t * BT + o_t < T
-        b_G = g_bufs.index(s).reshape([BT]).load(gl.SliceLayout(1, acc))
-        b_Gj = g_bufs.index(s).reshape([BT]).load(gl.SliceLayout(0, acc))
+        b_G = _gate_row(g_bufs, s, 0).load(gl.SliceLayout(1, acc))
+        b_Gj = _gate_row(g_bufs, s, 0).load(gl.SliceLayout(0, acc))
         qk = warpgroup_mma(q_bufs.index(s), k_bufs.index(s).permute((1, 0)),
                            gl.zeros([BT, BT], gl.float32, acc), use_acc=False)
         # rows past T are selected away too: their G reads 0, so G_i − G_j may be > 0; the
@@ -155,10 +224,12 @@ def _state_tile_t(ptr, i_n, i_hv, i_v, HV: gl.constexpr, K: gl.constexpr, V: gl.
 
 @gluon.jit
 def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv_ready,
-                     h0, ht, T, c0, n, i_n, i_hv, i_v, i_seg, HV: gl.constexpr,
+                     wu_ready, h0, ht, T, c0, n, i_n, i_hv, i_v, i_seg, HV: gl.constexpr,
                      K: gl.constexpr, SW: gl.constexpr, USE_INITIAL_STATE: gl.constexpr,
                      STORE_FINAL_STATE: gl.constexpr, OUTPUT: gl.constexpr, MAP: gl.constexpr,
-                     NS: gl.constexpr):
+                     NS: gl.constexpr, WU: gl.constexpr):
+    """The state recurrence (w_bufs / u_bufs: the ring's W and U tiles, or with WU the W/U
+    warpgroup's, ready on wu_ready)."""
     BT: gl.constexpr = k_bufs.type.shape[1]
     BVr: gl.constexpr = u_bufs.type.shape[2]
     STAGES: gl.constexpr = k_bufs.type.shape[0]
@@ -184,6 +255,8 @@ def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_b
         s = j % STAGES
         phase = (j // STAGES) & 1
         mbarrier.wait(ready.index(s), phase)
+        if WU:
+            mbarrier.wait(wu_ready.index(s), phase)
         s16 = S.to(gl.bfloat16)
         s_op = gl.convert_layout(s16, a_t)
         X = warpgroup_mma(s_op, w_bufs.index(s).permute((1, 0)),
@@ -192,7 +265,7 @@ def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_b
             st_bufs.index(s).store(s16)  # h_c for the output warpgroup, while W S runs
         # the chunk's gates from the ring (no global load: the step's proxy fence would
         # wait for it); G_C is picked out exactly (a sum of one term and zeros)
-        b_G = g_bufs.index(s).reshape([BT]).load(gl.SliceLayout(0, acc_t))
+        b_G = _gate_row(g_bufs, s, 0).load(gl.SliceLayout(0, acc_t))
         valid = i_t * BT + o_c < T
         G_last = _sum(gl.where(o_c == gl.minimum(T - i_t * BT, BT) - 1, b_G, 0.), 0)
         # G_C − G_i ≤ 0: cannot overflow; rows past T get weight 0 (no state change)
@@ -230,11 +303,14 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
                                 scale, T, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
                                 V: gl.constexpr, USE_INITIAL_STATE: gl.constexpr,
                                 STORE_FINAL_STATE: gl.constexpr, OUTPUT: gl.constexpr,
-                                MAP: gl.constexpr, NS: gl.constexpr, STAGES: gl.constexpr):
+                                MAP: gl.constexpr, NS: gl.constexpr, STAGES: gl.constexpr,
+                                WU: gl.constexpr = False):
     """Grid (SW / BV, B·HV, segments). MAP: the state pass alone over the K + V columns of
     [M | b] from [I | 0] (SW = K + V) for segments 0 … NS − 2, each stored to ht's segment
     slab; else the pass with the output over segment i_seg (SW = V), starting from h0's
-    segment slab (the composed entering states when NS > 1)."""
+    segment slab (the composed entering states when NS > 1). WU (experimental): w_desc and
+    u_desc are T's [C, C] and v's [C, BV] tiles and g_desc's tiles [2, C] rows of G and β;
+    a fourth warpgroup forms W and U on chip."""
     BT: gl.constexpr = k_desc.block_type.shape[0]
     BVr: gl.constexpr = u_desc.block_type.shape[1]
     if MAP:
@@ -253,6 +329,13 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
         u_col = i_hv * V + gl.maximum(i_v * BVr - K, 0)
     else:
         u_col = i_hv * V + i_v * BVr
+    # W's ring column: w's head, or T's (C columns a value head)
+    if WU:
+        w_col = i_hv * BT
+        g_row = 2 * (i_n * HV + i_hv)
+    else:
+        w_col = i_hv * K
+        g_row = i_n * HV + i_hv
     k_bufs = ring_buffers(k_desc, STAGES)
     w_bufs = ring_buffers(w_desc, STAGES)
     u_bufs = ring_buffers(u_desc, STAGES)
@@ -265,8 +348,8 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
         gl.bfloat16, [STAGES, BT, BVr], gl.NVMMASharedLayout.get_default_for([BT, BVr],
                                                                             gl.bfloat16))
     o_smem = gl.allocate_shared_memory(o_desc.dtype, o_desc.block_type.shape, o_desc.layout)
-    # the output warpgroup, when there is one, releases each stage too
-    ready, empty = ring_barriers(STAGES, consumers=2 if OUTPUT else 1)
+    # the output warpgroup, when there is one, and the W/U one release each stage too
+    ready, empty = ring_barriers(STAGES, consumers=(2 if OUTPUT else 1) + (1 if WU else 0))
     sv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(sv_ready.index(i), count=1)
@@ -274,26 +357,58 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
     if OUTPUT:
         q_bufs = ring_buffers(q_desc, STAGES)
         ring = ((q_desc, k_desc, w_desc, u_desc), (q_bufs, k_bufs, w_bufs, u_bufs),
-                (i_h * K, i_h * K, i_hv * K, u_col))
+                (i_h * K, i_h * K, w_col, u_col))
     else:
         q_bufs = k_bufs  # the output warpgroup runs no chunk then
-        ring = ((k_desc, w_desc, u_desc), (k_bufs, w_bufs, u_bufs), (i_h * K, i_hv * K, u_col))
-    gl.warp_specialize([
-        (_chain_partition, (k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
-                            sv_ready, h0, ht, T, c0, n, i_n, i_hv, i_v, i_seg, HV, K, SW,
-                            USE_INITIAL_STATE, STORE_FINAL_STATE, OUTPUT, MAP, NS)),
-        (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv_ready,
-                             o_smem, o_desc, o, scale, T, c0, n if OUTPUT else 0, i_n, i_hv,
-                             i_v, HV, V)),
-        (load_ring, (ring[0], ring[1], ring[2], (ready, empty), i_n * T + c0 * BT, n, g_desc,
-                     g_bufs, i_n * HV + i_hv, c0 * BT)),
-    ], [OUT_WARPS, LOAD_WARPS], [OUT_REGS, LOAD_REGS])
+        ring = ((k_desc, w_desc, u_desc), (k_bufs, w_bufs, u_bufs), (i_h * K, w_col, u_col))
+    # The two calls spell their partitions' arguments out: a tuple kept in a variable turns its
+    # constexprs into tensors in Triton 3.6 (the chain's layouts need K, its branches the flags)
+    if WU:
+        # W and U of each stage, formed by the fourth warpgroup from the ring's T and v
+        wp_bufs = gl.allocate_shared_memory(
+            gl.bfloat16, [STAGES, BT, K], gl.NVMMASharedLayout.get_default_for([BT, K],
+                                                                              gl.bfloat16))
+        up_bufs = gl.allocate_shared_memory(
+            gl.bfloat16, [STAGES, BT, BVr], gl.NVMMASharedLayout.get_default_for([BT, BVr],
+                                                                                gl.bfloat16))
+        wu_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(wu_ready.index(i), count=1)
+        gl.warp_specialize([
+            (_chain_partition, (k_bufs, wp_bufs, up_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
+                                sv_ready, wu_ready, h0, ht, T, c0, n, i_n, i_hv, i_v, i_seg, HV,
+                                K, SW, USE_INITIAL_STATE, STORE_FINAL_STATE, OUTPUT, MAP, NS,
+                                WU)),
+            (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
+                                 sv_ready, o_smem, o_desc, o, scale, T, c0,
+                                 n if OUTPUT else 0, i_n, i_hv, i_v, HV, V)),
+            (load_ring, (ring[0], ring[1], ring[2], (ready, empty), i_n * T + c0 * BT, n,
+                         g_desc, g_bufs, g_row, c0 * BT)),
+            (_wu_partition, (k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, wp_bufs, up_bufs,
+                             wu_ready, c0, n)),
+        ], [OUT_WARPS, LOAD_WARPS, WU_WARPS], [OUT_REGS, LOAD_REGS, WU_REGS])
+    else:
+        # (sv_ready stands in for the unused wu_ready)
+        gl.warp_specialize([
+            (_chain_partition, (k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
+                                sv_ready, sv_ready, h0, ht, T, c0, n, i_n, i_hv, i_v, i_seg, HV,
+                                K, SW, USE_INITIAL_STATE, STORE_FINAL_STATE, OUTPUT, MAP, NS,
+                                WU)),
+            (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
+                                 sv_ready, o_smem, o_desc, o, scale, T, c0,
+                                 n if OUTPUT else 0, i_n, i_hv, i_v, HV, V)),
+            (load_ring, (ring[0], ring[1], ring[2], (ready, empty), i_n * T + c0 * BT, n,
+                         g_desc, g_bufs, g_row, c0 * BT)),
+        ], [OUT_WARPS, LOAD_WARPS], [OUT_REGS, LOAD_REGS])
 
 
 # TMA block shape of each descriptor argument: q, k, w [C, K]; u and o [C, BV]
 DESCRIPTOR_BLOCKS = dict(q=[CHUNK, HEAD_DIM], k=[CHUNK, HEAD_DIM], w=[CHUNK, HEAD_DIM],
                          u=[CHUNK, BV], o=[CHUNK, BV], g=[1, CHUNK])
 GATE_LAYOUT = gl.NVMMASharedLayout.get_default_for([1, CHUNK], gl.float64)
+# with W and U on chip: the gate tensor's rows come in pairs (G, β), one [2, C] box a chunk
+WU_GATE_BLOCK = [2, CHUNK]
+WU_GATE_LAYOUT = gl.NVMMASharedLayout.get_default_for(WU_GATE_BLOCK, gl.float64)
 
 
 # Chunks a sequence needs before it is cut in two. H200, B = 1, HV = 32 (eval logs
@@ -330,6 +445,85 @@ def compose_segment_states(maps, h0, B, HV):
     return h.view(NS, B, HV, K, V).float()
 
 
+def _check(name, q, k, v, G, initial_state, segments, tiles):
+    """The launchers' input checks, before any launch (ValueError naming the argument)."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    if (not q.is_cuda or torch.version.hip is not None
+            or torch.cuda.get_device_capability(q.device) != (9, 0)):
+        raise ValueError(f"{name}: needs an NVIDIA sm_90 (Hopper) GPU, got q on {q.device}")
+    if T == 0:
+        raise ValueError(f"{name}: T = 0 (an empty sequence has nothing to tile)")
+    if K != HEAD_DIM or V != HEAD_DIM or k.shape[3] != K:
+        raise ValueError(f"{name}: needs K = V = {HEAD_DIM}, got q {K}, k {k.shape[3]}, "
+                         f"values {V}")
+    for n, x, last in tiles:
+        if x.dtype != torch.bfloat16:
+            raise ValueError(f"{name}: {n} must be bf16, got {x.dtype}")
+        if x.shape != (B, T, HV, last):
+            raise ValueError(f"{name}: shapes do not match: {n} {tuple(x.shape)} is not "
+                             f"{(B, T, HV, last)}")
+    if q.dtype != torch.bfloat16 or k.dtype != torch.bfloat16:
+        raise ValueError(f"{name}: q and k must be bf16, got {q.dtype}, {k.dtype}")
+    if HV % H or k.shape != q.shape or G.shape != (B, T, HV):
+        raise ValueError(f"{name}: shapes q {tuple(q.shape)}, k {tuple(k.shape)}, G "
+                         f"{tuple(G.shape)} do not match (HV = {HV} value heads need a multiple "
+                         f"of H = {H} key heads)")
+    if initial_state is not None and initial_state.shape != (B, HV, K, V):
+        raise ValueError(f"{name}: initial_state {tuple(initial_state.shape)} is not "
+                         f"{(B, HV, K, V)}")
+    if segments is not None and (not isinstance(segments, int) or segments < 1):
+        raise ValueError(f"{name}: segments must be a positive int, got {segments!r}")
+
+
+def _gate_rows(rows, B, T, HV):
+    """[B·HV·R, NT·C] fp64 from R gate tensors [B, T, HV] (sequence-major, then head, then
+    the R rows): a chunk's gates are one TMA box, zero past T, and the row stride is whole
+    chunks (TMA needs 16-byte multiples)."""
+    NT = triton.cdiv(T, CHUNK)
+    out = rows[0].new_zeros(B, HV, len(rows), NT * CHUNK, dtype=torch.float64)
+    for r, x in enumerate(rows):
+        out[:, :, r, :T] = x.permute(0, 2, 1)
+    return out.view(B * HV * len(rows), NT * CHUNK)
+
+
+def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_final_state,
+            output, num_stages, segments, wu):
+    """Descriptors, then (when split) the map launch and the composition, then the main
+    launch; w_tiles / u_tiles: W and U, or with ``wu`` T and v."""
+    B, T, H, K = q.shape
+    HV, V = u_tiles.shape[2], u_tiles.shape[3]
+    q, k, w_tiles, u_tiles = (x.contiguous() for x in (q, k, w_tiles, u_tiles))
+    NT = triton.cdiv(T, CHUNK)
+    o = torch.empty_like(u_tiles, dtype=q.dtype)
+    ht = q.new_empty(B, HV, K, V, dtype=torch.float32) if output_final_state else None
+    h0 = initial_state.float().contiguous() if initial_state is not None else None
+    W = w_tiles.shape[3]
+    blocks = dict(DESCRIPTOR_BLOCKS, w=[CHUNK, W])
+    views = dict(q=q.view(B * T, H * K), k=k.view(B * T, H * K),
+                 w=w_tiles.view(B * T, HV * W), u=u_tiles.view(B * T, HV * V),
+                 o=o.view(B * T, HV * V))
+    descs = [TensorDescriptor.from_tensor(x, blocks[n], descriptor_layout(blocks[n]))
+             for n, x in views.items()]
+    gate_block, gate_layout = ((WU_GATE_BLOCK, WU_GATE_LAYOUT) if wu else
+                               (DESCRIPTOR_BLOCKS["g"], GATE_LAYOUT))
+    descs.append(TensorDescriptor.from_tensor(gate_rows, gate_block, gate_layout))
+    NS = min(segments or num_segments(B * HV, NT, sm_count(q.device)), NT)
+    launch = dict(H=H, HV=HV, K=K, V=V, NS=NS, STAGES=num_stages, num_warps=4, WU=wu,
+                  maxnreg=MAXNREG_WU if wu else MAXNREG)
+    if NS > 1:
+        # the maps [M | b] of segments 0 … NS − 2 (the only HBM besides o and the state)
+        maps = q.new_empty(NS - 1, B, HV, K, K + V, dtype=torch.float32)
+        chunk_state_output_t_kernel[((K + V) // BV, B * HV, NS - 1)](
+            *descs, o, None, maps, float(scale), T, USE_INITIAL_STATE=False,
+            STORE_FINAL_STATE=True, OUTPUT=False, MAP=True, **launch)
+        h0 = compose_segment_states(maps, h0, B, HV)
+    chunk_state_output_t_kernel[(V // BV, B * HV, NS)](
+        *descs, o, h0, ht, float(scale), T, USE_INITIAL_STATE=h0 is not None,
+        STORE_FINAL_STATE=output_final_state, OUTPUT=output, MAP=False, **launch)
+    return (o if output else None), ht
+
+
 def chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state,
                          output=True, num_stages=NUM_STAGES, segments=None):
     """chunk_state + chunk_output of the materialized forward without h or v_new in HBM.
@@ -349,53 +543,26 @@ def chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state
     sequence's first rows reaches the previous sequence (see the module docstring).
     Math: the chunkwise Gated DeltaNet forward (Yang, Kautz & Hatamizadeh, arXiv:2412.06464,
     §3.3)."""
-    B, T, H, K = q.shape
-    HV, V = u.shape[2], u.shape[3]
-    name = "chunk_state_output_t"
-    if (not q.is_cuda or torch.version.hip is not None
-            or torch.cuda.get_device_capability(q.device) != (9, 0)):
-        raise ValueError(f"{name}: needs an NVIDIA sm_90 (Hopper) GPU, got q on {q.device}")
-    if T == 0:
-        raise ValueError(f"{name}: T = 0 (an empty sequence has nothing to tile)")
-    if K != HEAD_DIM or V != HEAD_DIM or w.shape[3] != K or k.shape[3] != K:
-        raise ValueError(f"{name}: needs K = V = {HEAD_DIM} (q, k, w [.., K], u [.., V]), got "
-                         f"q {K}, k {k.shape[3]}, w {w.shape[3]}, u {V}")
-    if any(x.dtype != torch.bfloat16 for x in (q, k, w, u)):
-        raise ValueError(f"{name}: q, k, w, u must be bf16")
-    if (HV % H or k.shape != q.shape or w.shape[:3] != (B, T, HV) or u.shape[:3] != (B, T, HV)
-            or G.shape != (B, T, HV)):
-        raise ValueError(f"{name}: shapes q {tuple(q.shape)}, k {tuple(k.shape)}, w "
-                         f"{tuple(w.shape)}, u {tuple(u.shape)}, G {tuple(G.shape)} do not match")
-    if initial_state is not None and initial_state.shape != (B, HV, K, V):
-        raise ValueError(f"{name}: initial_state {tuple(initial_state.shape)} is not "
-                         f"{(B, HV, K, V)}")
-    if segments is not None and (not isinstance(segments, int) or segments < 1):
-        raise ValueError(f"{name}: segments must be a positive int, got {segments!r}")
-    q, k, w, u = (x.contiguous() for x in (q, k, w, u))
-    # the gates as [B·HV, T] rows (a chunk's are one TMA box), zero past T and padded to whole
-    # chunks (a TMA row stride must be a multiple of 16 bytes)
-    NT = triton.cdiv(T, CHUNK)
-    Gt = G.new_zeros(B * HV, NT * CHUNK, dtype=torch.float64)
-    Gt.view(B, HV, NT * CHUNK)[:, :, :T] = G.permute(0, 2, 1)
-    o = torch.empty_like(u, dtype=q.dtype)
-    ht = q.new_empty(B, HV, K, V, dtype=torch.float32) if output_final_state else None
-    h0 = initial_state.float().contiguous() if initial_state is not None else None
-    views = dict(q=q.view(B * T, H * K), k=k.view(B * T, H * K), w=w.view(B * T, HV * K),
-                 u=u.view(B * T, HV * V), o=o.view(B * T, HV * V))
-    descs = [TensorDescriptor.from_tensor(x, DESCRIPTOR_BLOCKS[n],
-                                          descriptor_layout(DESCRIPTOR_BLOCKS[n]))
-             for n, x in views.items()]
-    descs.append(TensorDescriptor.from_tensor(Gt, DESCRIPTOR_BLOCKS["g"], GATE_LAYOUT))
-    NS = min(segments or num_segments(B * HV, NT, sm_count(q.device)), NT)
-    launch = dict(H=H, HV=HV, K=K, V=V, NS=NS, STAGES=num_stages, num_warps=4, maxnreg=MAXNREG)
-    if NS > 1:
-        # the maps [M | b] of segments 0 … NS − 2 (the only HBM besides o and the state)
-        maps = q.new_empty(NS - 1, B, HV, K, K + V, dtype=torch.float32)
-        chunk_state_output_t_kernel[((K + V) // BV, B * HV, NS - 1)](
-            *descs, o, None, maps, float(scale), T, USE_INITIAL_STATE=False,
-            STORE_FINAL_STATE=True, OUTPUT=False, MAP=True, **launch)
-        h0 = compose_segment_states(maps, h0, B, HV)
-    chunk_state_output_t_kernel[(V // BV, B * HV, NS)](
-        *descs, o, h0, ht, float(scale), T, USE_INITIAL_STATE=h0 is not None,
-        STORE_FINAL_STATE=output_final_state, OUTPUT=output, MAP=False, **launch)
-    return (o if output else None), ht
+    _check("chunk_state_output_t", q, k, u, G, initial_state, segments,
+           (("w", w, HEAD_DIM), ("u", u, HEAD_DIM)))
+    B, T, HV = G.shape
+    return _launch(q, k, w, u, _gate_rows([G], B, T, HV), scale, initial_state,
+                   output_final_state, output, num_stages, segments, False)
+
+
+def forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state, segments=None):
+    """Experimental: the forward after the inverse in one kernel, W and U formed on chip by a
+    fourth warpgroup (``WU``) instead of read from recompute_w_u; not yet run on a GPU.
+
+    q, k [B, T, H, 128] bf16; v [B, T, HV, 128] bf16; G [B, T, HV] (natural-log decay
+    cumulated within each chunk of 64); beta [B, T, HV]; Ai [B, T, HV, 64] bf16, T = (I + A)⁻¹
+    of each chunk as kkt_solve_from_k returns it; the rest as :func:`chunk_state_output_t`.
+    Returns (o [B, T, HV, 128] bf16, final state fp32 or None); raises ValueError as
+    chunk_state_output_t does (naming v and Ai)."""
+    _check("forward_t", q, k, v, G, initial_state, segments,
+           (("v", v, HEAD_DIM), ("Ai", Ai, CHUNK)))
+    if beta.shape != G.shape:
+        raise ValueError(f"forward_t: beta {tuple(beta.shape)} is not {tuple(G.shape)}")
+    B, T, HV = G.shape
+    return _launch(q, k, Ai, v, _gate_rows([G, beta], B, T, HV), scale, initial_state,
+                   output_final_state, True, NUM_STAGES, segments, True)

@@ -49,10 +49,14 @@ if want gluon; then
     tee -a "$OUT/gluon_output_tests.log"
   [ "${PIPESTATUS[0]}" = 0 ] || export GDN_BENCH_SKIP_GLUON_WU=1
   # 24 cases, each segment count its own compiles: 90 s measured with test_gluon_state_output
-  timeout 180 python3 -m pytest -m gpu -q -s -rs tests/test_gluon_transposed.py 2>&1 | \
-    tee -a "$OUT/gluon_output_tests.log"
+  timeout 180 python3 -m pytest -m gpu -q -s -rs -k "not w_u_on_chip" \
+    tests/test_gluon_transposed.py 2>&1 | tee -a "$OUT/gluon_output_tests.log"
   # the materialized forward routes through this kernel too: off with it when it fails
   [ "${PIPESTATUS[0]}" = 0 ] || export GDN_BENCH_SKIP_GLUON_T=1 GDN_STATE_OUTPUT_KERNEL=0
+  # its experimental W/U-on-chip mode (forward_t) on its own leash
+  timeout 150 python3 -m pytest -m gpu -q -s -rs -k "w_u_on_chip" \
+    tests/test_gluon_transposed.py 2>&1 | tee -a "$OUT/gluon_output_tests.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || export GDN_BENCH_SKIP_GLUON_FWD_T=1
   # the three-launch forward built from them (skipped by its test when a piece fails)
   timeout 90 python3 -m pytest -m gpu -q -s -rs tests/test_gluon_forward.py 2>&1 | \
     tee -a "$OUT/gluon_output_tests.log"

@@ -15,12 +15,17 @@ from tests.test_gluon_state_output import (assert_like_triton_state_output,  # n
                                            assert_refuses_bad_shapes)
 
 
-@pytest.mark.parametrize("name, output, wgmma, tma", [
-    ("state+output transposed gluon", True, 32, 9),
-    ("state transposed gluon, no output", False, 12, 6),
-    ("segment maps transposed gluon", False, 12, 6),
+@pytest.mark.parametrize("name, output, wgmma, tma, spill", [
+    ("state+output transposed gluon", True, 32, 9, 0),
+    ("state transposed gluon, no output", False, 12, 6, 0),
+    ("segment maps transposed gluon", False, 12, 6, 0),
+    # W and U formed on chip: + 4 k-steps each; T, v and the [2, C] gate box instead of w, u
+    # and the [1, C] one; four roles at 128 registers a thread before setmaxnreg, 36 bytes of
+    # scalar spills (measured)
+    ("forward transposed gluon, W/U on chip", True, 40, 8, 64),
 ])
-def test_compiles_to_a_warp_specialized_kernel_with_register_operands(name, output, wgmma, tma):
+def test_compiles_to_a_warp_specialized_kernel_with_register_operands(name, output, wgmma, tma,
+                                                                      spill):
     name += " (experimental)"
     build, options = _kernels()[name]
     r = compile_report(*build(), **options)
@@ -32,9 +37,10 @@ def test_compiles_to_a_warp_specialized_kernel_with_register_operands(name, outp
     assert f["setmaxnreg"] > 0 and f["wgmma"] == wgmma and f["tma"] == tma
     assert f["mbarrier"] > 0 and f["mma.sync"] == 0
     assert r["registers"] <= gluon_transposed.MAXNREG
-    assert r["spill_stores"] == 0 and r["spill_loads"] == 0
+    assert r["spill_stores"] <= spill and r["spill_loads"] <= spill
     # a 2-stage ring of q, k, w (16 KB each), u (8 KB) and the gates, h_c and V' (24 KB a
-    # stage), o's staging tile: 174 KB, one program an SM; without the output 83 KB
+    # stage), o's staging tile: 174 KB, one program an SM; without the output 83 KB; with W
+    # and U on chip 207 KB
     assert r["shared"] <= (227 if output else 100) * 1024
 
 
@@ -152,3 +158,47 @@ def test_against_fp64(gate, T, segments):
           f"state {rel_err(ht, ht_ref):.2e}")
     assert rel_err(o, o_ref) <= 5e-3
     assert rel_err(ht, ht_ref) <= 5e-3
+
+
+def _forward_inputs(B, T, H, HV, gate, seed):
+    """q, k, v, g, beta, h0 (bf16, K = V = 128) and G, T = (I + A)⁻¹ (bf16), W, U as the
+    materialized forward makes them."""
+    from gdn_fused.kernels.chunk_gate import chunk_cumsum
+    from gdn_fused.kernels.kkt import dot_precision
+    from gdn_fused.kernels.kkt_solve import kkt_solve_from_k
+    from gdn_fused.kernels.wu import recompute_w_u
+    q, k, v, g, beta, h0 = make_inputs(B, T, H, HV, 128, 128, torch.bfloat16,
+                                       initial_state=True, device="cuda", seed=seed, gate=gate)
+    G = chunk_cumsum(g, 64)
+    Ai = kkt_solve_from_k(k, G, beta, HV, 64, torch.bfloat16)
+    w, u = recompute_w_u(k, v, G, beta, Ai, dot_precision=dot_precision(k.dtype))
+    return q, k, v, g, beta, h0, G, Ai, w, u
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("segments", [1, 2])
+@pytest.mark.parametrize("B, T, H, HV, gate", [
+    (1, 64, 1, 1, "normal"),
+    (2, 256, 2, 4, "normal"),   # GVA 2
+    (1, 200, 1, 3, "strong"),   # GVA 3, partial last chunk, strong decay
+    (1, 8192, 2, 4, "zero"),    # no decay: the segment maps matter
+    (1, 8192, 2, 4, "normal"),
+])
+def test_forward_with_w_u_on_chip(B, T, H, HV, gate, segments):
+    """Experimental (forward_t, W and U formed on chip): against the same kernel fed W and U
+    from recompute_w_u (one bf16 rounding at another place: close, not equal) and against the
+    fp64 recurrence with the materialized path's bounds."""
+    _hopper()
+    q, k, v, g, beta, h0, G, Ai, w, u = _forward_inputs(B, T, H, HV, gate, seed=T + HV)
+    scale = 128 ** -0.5
+    o, ht = gluon_transposed.forward_t(q, k, v, G, beta, Ai, scale, h0, True, segments=segments)
+    o_wu, ht_wu = gluon_transposed.chunk_state_output_t(q, k, w, u, G, scale, h0, True,
+                                                        segments=segments)
+    o_ref, ht_ref = truth(q, k, v, g, beta, h0, scale=scale)
+    torch.cuda.synchronize()
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+    print(f"\n  forward_t {B, T, H, HV, gate}, {segments} segments: vs W/U from HBM o "
+          f"{rel_err(o, o_wu):.2e} state {rel_err(ht, ht_wu):.2e}; vs fp64 o "
+          f"{rel_err(o, o_ref):.2e} state {rel_err(ht, ht_ref):.2e}")
+    assert rel_err(o, o_wu) <= 1e-2 and rel_err(ht, ht_wu) <= 1e-2
+    assert rel_err(o, o_ref) <= 5e-3 and rel_err(ht, ht_ref) <= 5e-3
