@@ -259,7 +259,22 @@ def bench_stages(B=1, T=32768):
                 q, k, w, u, G, 0.1, h0, True, output=False, segments=1)
         except Exception as e:  # experimental: report, keep the other numbers
             print(f"chunk_state_output_t failed: {e!r}", flush=True)
-    forward_t = _gluon_kernel("gluon_transposed", "forward_t", "GDN_BENCH_SKIP_GLUON_FWD_T")
+    forward_t = _gluon_kernel("gluon_transposed", "forward_t",
+                              "GDN_BENCH_SKIP_GLUON_T_EXPERIMENTAL")
+    state_t = _gluon_kernel("gluon_transposed", "chunk_state_t",
+                            "GDN_BENCH_SKIP_GLUON_T_EXPERIMENTAL")
+    if state_t is not None:
+        # experimental: chunk_state's contract (the backward's recompute) on the transposed
+        # chain; predicted ~500 µs unsplit here against chunk_state's 658
+        try:
+            h_t, v_new_t, _ = state_t(k, w, u, G, h0, True, segments=1)
+            print("chunk_state_t rel diff vs chunk_state: h "
+                  f"{((h_t - h).float().norm() / h.float().norm()).item():.2e}, v_new "
+                  f"{((v_new_t - v_new).float().norm() / v_new.float().norm()).item():.2e}",
+                  flush=True)
+            stages["chunk_state_t"] = lambda: state_t(k, w, u, G, h0, True)
+        except Exception as e:  # experimental: report, keep the other numbers
+            print(f"chunk_state_t failed: {e!r}", flush=True)
     if forward_t is not None and transposed is not None:
         # experimental: W and U formed on chip (a fourth warpgroup) instead of recompute_w_u
         # + the kernel above; predicted −200 µs here (docs/fused_design.md, session 6 plan)

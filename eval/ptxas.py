@@ -187,6 +187,12 @@ def _gluon_transposed(output: bool = True, map_pass: bool = False):
     return fn, sig, consts
 
 
+def _gluon_transposed_store_h():
+    """The state pass storing h and v_new (chunk_state's contract; the backward's recompute)."""
+    fn, sig, consts = _gluon_transposed(False)
+    return fn, {**sig, "h": "*bf16"}, {**consts, "STORE_H": True}
+
+
 def _gluon_transposed_wu(output: bool = True):
     """The transposed kernel with W and U formed on chip: T's [C, C] tiles in w_desc's place,
     v's in u_desc's, the gate tiles [2, C] (G and β)."""
@@ -213,7 +219,8 @@ HOPPER_ONLY = ("chunk_state gluon (experimental)", "chunk_state+output gluon (ex
                "w, u gluon (experimental)", "state+output transposed gluon (experimental)",
                "state transposed gluon, no output (experimental)",
                "segment maps transposed gluon (experimental)",
-               "forward transposed gluon, W/U on chip (experimental)")
+               "forward transposed gluon, W/U on chip (experimental)",
+               "state pass storing h transposed gluon (experimental)")
 ARCHS = (80, 86, 89, 90)
 
 
@@ -247,6 +254,8 @@ def _kernels() -> dict:
             lambda: _gluon_transposed(False, True), dict(num_warps=4, maxnreg=T_MAXNREG)),
         "forward transposed gluon, W/U on chip (experimental)": (
             _gluon_transposed_wu, dict(num_warps=4, maxnreg=T_MAXNREG_WU)),
+        "state pass storing h transposed gluon (experimental)": (
+            _gluon_transposed_store_h, dict(num_warps=4, maxnreg=T_MAXNREG)),
     }
 
 

@@ -182,24 +182,15 @@ def chunk_state_output_gluon(q, k, w, u, G, scale, initial_state, output_final_s
     q, k [B, T, H, 128] bf16; w, u [B, T, HV, 128] bf16 (recompute_w_u); G [B, T, HV]
     (natural-log decay cumulated within each chunk of 64; read in fp64); scale a float;
     initial_state [B, HV, 128, 128] (read in fp32) or None. Returns (o [B, T, HV, 128] bf16,
-    final state [B, HV, 128, 128] fp32 or None). Raises ValueError for head dims other than 128,
-    non-bf16 q/k/w/u, shapes that do not match or HV not a multiple of H. Needs a Hopper GPU
-    (sm_90); dense batches only (the chunk size is fixed at 64). Math: the chunkwise Gated
+    final state [B, HV, 128, 128] fp32 or None). Raises ValueError for tensors not on an NVIDIA
+    sm_90 GPU, T = 0, head dims other than 128, non-bf16 q/k/w/u, shapes that do not match or
+    HV not a multiple of H (gluon_transposed.check_state_inputs); dense batches only (the chunk size is fixed at 64). Math: the chunkwise Gated
     DeltaNet forward (Yang, Kautz & Hatamizadeh, arXiv:2412.06464, §3.3)."""
+    from gdn_fused.kernels.gluon_transposed import check_state_inputs
+    check_state_inputs("chunk_state_output_gluon", q, k, u, G, initial_state, None,
+                       (("w", w, HEAD_DIM), ("u", u, HEAD_DIM)))
     B, T, H, K = q.shape
     HV, V = u.shape[2], u.shape[3]
-    if K != HEAD_DIM or V != HEAD_DIM or w.shape[3] != K or k.shape[3] != K:
-        raise ValueError(f"chunk_state_output_gluon: needs K = V = {HEAD_DIM}, got K {K}, V {V}")
-    if any(x.dtype != torch.bfloat16 for x in (q, k, w, u)):
-        raise ValueError("chunk_state_output_gluon: q, k, w, u must be bf16")
-    if (HV % H or k.shape != q.shape or w.shape[:3] != (B, T, HV) or u.shape[:3] != (B, T, HV)
-            or G.shape != (B, T, HV)):
-        raise ValueError(f"chunk_state_output_gluon: shapes q {tuple(q.shape)}, k "
-                         f"{tuple(k.shape)}, w {tuple(w.shape)}, u {tuple(u.shape)}, G "
-                         f"{tuple(G.shape)} do not match")
-    if initial_state is not None and initial_state.shape != (B, HV, K, V):
-        raise ValueError(f"chunk_state_output_gluon: initial_state {tuple(initial_state.shape)}"
-                         f" is not {(B, HV, K, V)}")
     q, k, w, u = (x.contiguous() for x in (q, k, w, u))
     G = G.to(torch.float64).contiguous()
     o = torch.empty_like(u, dtype=q.dtype)

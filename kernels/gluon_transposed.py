@@ -65,8 +65,10 @@ Experimental, written and compiled but not yet run on a GPU (``forward_t``, ``WU
 warpgroup forms each chunk's W and U from T (kkt_solve_from_k's bf16 inverse) and the ring's k
 and v, so the forward after the inverse is this one kernel and recompute_w_u's launch and
 W/U traffic go (docs/fused_design.md, "Next"). 207 KB of shared memory, four roles at 128
-registers a thread before setmaxnreg (chain 232), 36 bytes of scalar spills. With WU off the
-kernel's PTX instructions are unchanged (checked by diffing them).
+registers a thread before setmaxnreg (chain 232), 36 bytes of scalar spills. Likewise
+``chunk_state_t`` (``STORE_H``): chunk_state's contract for the backward's recompute, the
+second warpgroup storing h_c and V' instead of forming the output (132 KB, no spills). With
+these modes off the kernel's PTX instructions are unchanged (checked by diffing them).
 """
 import torch
 import triton
@@ -158,11 +160,47 @@ def _wu_partition(k_bufs, t_bufs, v_bufs, g_bufs, ready, empty, wp_bufs, up_bufs
 
 
 @gluon.jit
+def _store_h(st_bufs, vn_bufs, sv_ready, empty, h, v_new, T, c0, n, i_n, i_hv, i_v,
+             HV: gl.constexpr, V: gl.constexpr):
+    """Experimental (STORE_H, the backward's recompute): per chunk, once the chain has put
+    h_c (Sᵀ) and V' in shared memory, store them to h [B·NT, HV, K, V] and v_new [B·T, HV, V]
+    in chunk_state's layouts (h through a transposed view: rows of K, value columns
+    contiguous)."""
+    K: gl.constexpr = st_bufs.type.shape[2]
+    BVr: gl.constexpr = st_bufs.type.shape[1]
+    BT: gl.constexpr = vn_bufs.type.shape[1]
+    STAGES: gl.constexpr = st_bufs.type.shape[0]
+    # 8 bf16 (16 bytes) a thread along the value columns: 128-byte rows a warp quarter
+    rows: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    o_k = gl.arange(0, K, layout=gl.SliceLayout(1, rows))
+    o_t = gl.arange(0, BT, layout=gl.SliceLayout(1, rows))
+    o_v = gl.arange(0, BVr, layout=gl.SliceLayout(0, rows))
+    NT = gl.cdiv(T, BT)
+    for j in range(n):
+        i_t = c0 + j
+        s = j % STAGES
+        mbarrier.wait(sv_ready.index(s), (j // STAGES) & 1)
+        p_h = h + ((i_n * NT + i_t).to(gl.int64) * HV + i_hv) * K * V + i_v * BVr
+        gl.store(p_h + o_k[:, None] * V + o_v[None, :],
+                 st_bufs.index(s).permute((1, 0)).load(rows))
+        t = i_t * BT + o_t
+        p_v = v_new + ((i_n * T + t).to(gl.int64) * HV + i_hv) * V + i_v * BVr
+        gl.store(p_v[:, None] + o_v[None, :], vn_bufs.index(s).load(rows),
+                 mask=(t < T)[:, None])
+        # every warp past its reads of h_c and V' before the one arrive
+        gl.thread_barrier()
+        mbarrier.arrive(empty.index(s), count=1)
+
+
+@gluon.jit
 def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv_ready,
                       o_smem, o_desc, o, scale, T, c0, n, i_n, i_hv, i_v, HV: gl.constexpr,
-                      V: gl.constexpr):
+                      V: gl.constexpr, STORE_H: gl.constexpr, h):
     """Per chunk: P = (Q Kᵀ) ⊙ M and, once the chain has put h_c and V' in shared memory,
-    O = scale (D_{e^G} Q h_c + P V') into o."""
+    O = scale (D_{e^G} Q h_c + P V') into o; with STORE_H, h_c and V' into h and o instead."""
+    if STORE_H:
+        _store_h(st_bufs, vn_bufs, sv_ready, empty, h, o, T, c0, n, i_n, i_hv, i_v, HV, V)
+        return
     BT: gl.constexpr = k_bufs.type.shape[1]
     BVr: gl.constexpr = vn_bufs.type.shape[2]
     STAGES: gl.constexpr = k_bufs.type.shape[0]
@@ -229,7 +267,7 @@ def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_b
                      STORE_FINAL_STATE: gl.constexpr, OUTPUT: gl.constexpr, MAP: gl.constexpr,
                      NS: gl.constexpr, WU: gl.constexpr):
     """The state recurrence (w_bufs / u_bufs: the ring's W and U tiles, or with WU the W/U
-    warpgroup's, ready on wu_ready)."""
+    warpgroup's, ready on wu_ready); OUTPUT: hand h_c and V' to the second warpgroup."""
     BT: gl.constexpr = k_bufs.type.shape[1]
     BVr: gl.constexpr = u_bufs.type.shape[2]
     STAGES: gl.constexpr = k_bufs.type.shape[0]
@@ -304,13 +342,15 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
                                 V: gl.constexpr, USE_INITIAL_STATE: gl.constexpr,
                                 STORE_FINAL_STATE: gl.constexpr, OUTPUT: gl.constexpr,
                                 MAP: gl.constexpr, NS: gl.constexpr, STAGES: gl.constexpr,
-                                WU: gl.constexpr = False):
+                                WU: gl.constexpr = False, STORE_H: gl.constexpr = False,
+                                h=None):
     """Grid (SW / BV, B·HV, segments). MAP: the state pass alone over the K + V columns of
     [M | b] from [I | 0] (SW = K + V) for segments 0 … NS − 2, each stored to ht's segment
     slab; else the pass with the output over segment i_seg (SW = V), starting from h0's
     segment slab (the composed entering states when NS > 1). WU (experimental): w_desc and
     u_desc are T's [C, C] and v's [C, BV] tiles and g_desc's tiles [2, C] rows of G and β;
-    a fourth warpgroup forms W and U on chip."""
+    a fourth warpgroup forms W and U on chip. STORE_H (experimental, with OUTPUT off): the
+    second warpgroup stores h_c and V' to h and o (as v_new) in chunk_state's layouts."""
     BT: gl.constexpr = k_desc.block_type.shape[0]
     BVr: gl.constexpr = u_desc.block_type.shape[1]
     if MAP:
@@ -349,7 +389,9 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
                                                                             gl.bfloat16))
     o_smem = gl.allocate_shared_memory(o_desc.dtype, o_desc.block_type.shape, o_desc.layout)
     # the output warpgroup, when there is one, and the W/U one release each stage too
-    ready, empty = ring_barriers(STAGES, consumers=(2 if OUTPUT else 1) + (1 if WU else 0))
+    # the chain hands h_c and V' over for the output, or (STORE_H) for their stores
+    HANDOFF: gl.constexpr = OUTPUT or STORE_H
+    ready, empty = ring_barriers(STAGES, consumers=(2 if HANDOFF else 1) + (1 if WU else 0))
     sv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(sv_ready.index(i), count=1)
@@ -377,11 +419,11 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
         gl.warp_specialize([
             (_chain_partition, (k_bufs, wp_bufs, up_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                 sv_ready, wu_ready, h0, ht, T, c0, n, i_n, i_hv, i_v, i_seg, HV,
-                                K, SW, USE_INITIAL_STATE, STORE_FINAL_STATE, OUTPUT, MAP, NS,
+                                K, SW, USE_INITIAL_STATE, STORE_FINAL_STATE, HANDOFF, MAP, NS,
                                 WU)),
             (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                  sv_ready, o_smem, o_desc, o, scale, T, c0,
-                                 n if OUTPUT else 0, i_n, i_hv, i_v, HV, V)),
+                                 n if HANDOFF else 0, i_n, i_hv, i_v, HV, V, STORE_H, h)),
             (load_ring, (ring[0], ring[1], ring[2], (ready, empty), i_n * T + c0 * BT, n,
                          g_desc, g_bufs, g_row, c0 * BT)),
             (_wu_partition, (k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, wp_bufs, up_bufs,
@@ -392,11 +434,11 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
         gl.warp_specialize([
             (_chain_partition, (k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                 sv_ready, sv_ready, h0, ht, T, c0, n, i_n, i_hv, i_v, i_seg, HV,
-                                K, SW, USE_INITIAL_STATE, STORE_FINAL_STATE, OUTPUT, MAP, NS,
+                                K, SW, USE_INITIAL_STATE, STORE_FINAL_STATE, HANDOFF, MAP, NS,
                                 WU)),
             (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                  sv_ready, o_smem, o_desc, o, scale, T, c0,
-                                 n if OUTPUT else 0, i_n, i_hv, i_v, HV, V)),
+                                 n if HANDOFF else 0, i_n, i_hv, i_v, HV, V, STORE_H, h)),
             (load_ring, (ring[0], ring[1], ring[2], (ready, empty), i_n * T + c0 * BT, n,
                          g_desc, g_bufs, g_row, c0 * BT)),
         ], [OUT_WARPS, LOAD_WARPS], [OUT_REGS, LOAD_REGS])
@@ -445,8 +487,10 @@ def compose_segment_states(maps, h0, B, HV):
     return h.view(NS, B, HV, K, V).float()
 
 
-def _check(name, q, k, v, G, initial_state, segments, tiles):
-    """The launchers' input checks, before any launch (ValueError naming the argument)."""
+def check_state_inputs(name, q, k, v, G, initial_state, segments, tiles):
+    """The input checks of the state + output launchers (here and gluon_state_output), before
+    any launch: ValueError naming the argument. ``tiles``: (name, tensor, last dim) of the
+    per-value-head bf16 inputs, [B, T, HV, last] each."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     if (not q.is_cuda or torch.version.hip is not None
@@ -488,9 +532,10 @@ def _gate_rows(rows, B, T, HV):
 
 
 def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_final_state,
-            output, num_stages, segments, wu):
+            output, num_stages, segments, wu, h=None):
     """Descriptors, then (when split) the map launch and the composition, then the main
-    launch; w_tiles / u_tiles: W and U, or with ``wu`` T and v."""
+    launch; w_tiles / u_tiles: W and U, or with ``wu`` T and v; with ``h`` (STORE_H) the
+    main launch stores h_c into it and V' into the returned "o"."""
     B, T, H, K = q.shape
     HV, V = u_tiles.shape[2], u_tiles.shape[3]
     q, k, w_tiles, u_tiles = (x.contiguous() for x in (q, k, w_tiles, u_tiles))
@@ -520,8 +565,9 @@ def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_fina
         h0 = compose_segment_states(maps, h0, B, HV)
     chunk_state_output_t_kernel[(V // BV, B * HV, NS)](
         *descs, o, h0, ht, float(scale), T, USE_INITIAL_STATE=h0 is not None,
-        STORE_FINAL_STATE=output_final_state, OUTPUT=output, MAP=False, **launch)
-    return (o if output else None), ht
+        STORE_FINAL_STATE=output_final_state, OUTPUT=output, MAP=False,
+        STORE_H=h is not None, h=h, **launch)
+    return (o if output or h is not None else None), ht
 
 
 def chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state,
@@ -543,7 +589,7 @@ def chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state
     sequence's first rows reaches the previous sequence (see the module docstring).
     Math: the chunkwise Gated DeltaNet forward (Yang, Kautz & Hatamizadeh, arXiv:2412.06464,
     §3.3)."""
-    _check("chunk_state_output_t", q, k, u, G, initial_state, segments,
+    check_state_inputs("chunk_state_output_t", q, k, u, G, initial_state, segments,
            (("w", w, HEAD_DIM), ("u", u, HEAD_DIM)))
     B, T, HV = G.shape
     return _launch(q, k, w, u, _gate_rows([G], B, T, HV), scale, initial_state,
@@ -559,10 +605,27 @@ def forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state, se
     of each chunk as kkt_solve_from_k returns it; the rest as :func:`chunk_state_output_t`.
     Returns (o [B, T, HV, 128] bf16, final state fp32 or None); raises ValueError as
     chunk_state_output_t does (naming v and Ai)."""
-    _check("forward_t", q, k, v, G, initial_state, segments,
+    check_state_inputs("forward_t", q, k, v, G, initial_state, segments,
            (("v", v, HEAD_DIM), ("Ai", Ai, CHUNK)))
     if beta.shape != G.shape:
         raise ValueError(f"forward_t: beta {tuple(beta.shape)} is not {tuple(G.shape)}")
     B, T, HV = G.shape
     return _launch(q, k, Ai, v, _gate_rows([G, beta], B, T, HV), scale, initial_state,
                    output_final_state, True, NUM_STAGES, segments, True)
+
+
+def chunk_state_t(k, w, u, G, initial_state, output_final_state, segments=None):
+    """Experimental, compiled but not yet run on a GPU: chunk_state's contract (the backward's
+    recompute of h and v_new) on this kernel's chain, the second warpgroup storing h_c and V'
+    (STORE_H) — bit-identical to chunk_state unsplit, if it behaves as the output mode does.
+
+    k [B, T, H, 128] bf16; w, u [B, T, HV, 128] bf16; G [B, T, HV]; initial_state
+    [B, HV, 128, 128] or None. Returns (h [B·NT, HV, 128, 128] bf16, v_new like u, final state
+    fp32 or None); raises ValueError as chunk_state_output_t does."""
+    check_state_inputs("chunk_state_t", k, k, u, G, initial_state, segments,
+           (("w", w, HEAD_DIM), ("u", u, HEAD_DIM)))
+    B, T, HV = G.shape
+    h = k.new_empty(B * triton.cdiv(T, CHUNK), HV, HEAD_DIM, HEAD_DIM)
+    v_new, ht = _launch(k, k, w, u, _gate_rows([G], B, T, HV), 1., initial_state,
+                        output_final_state, False, NUM_STAGES, segments, False, h=h)
+    return h, v_new, ht

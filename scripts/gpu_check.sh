@@ -8,7 +8,8 @@
 # four, which need more than one 600 s call when every gpu test runs: split them as above
 # (TESTS narrows the gpu tests to some files, SWEEP picks eval.bench --sweep parts,
 # BENCH_ARGS adds eval.bench options such as --no-stages), and
-# give the second call GDN_BENCH_SKIP_GLUON=1 (or _GLUON_OUTPUT, _GLUON_WU, _GLUON_FORWARD) for
+# give the second call GDN_BENCH_SKIP_GLUON=1 (or _GLUON_OUTPUT, _GLUON_WU, _GLUON_FORWARD, _GLUON_T,
+# _GLUON_T_EXPERIMENTAL) for
 # each Gluon kernel whose test failed or hung in the first (the sweep would hang on it too).
 # Needs fla 0.6.0 wheels in .whl/ (carried) for the baseline columns; writes logs under $OUT.
 # The steps share one budget (BUDGET seconds, default 580: a device call runs at most 600), each
@@ -49,14 +50,15 @@ if want gluon; then
     tee -a "$OUT/gluon_output_tests.log"
   [ "${PIPESTATUS[0]}" = 0 ] || export GDN_BENCH_SKIP_GLUON_WU=1
   # 24 cases, each segment count its own compiles: 90 s measured with test_gluon_state_output
-  timeout 180 python3 -m pytest -m gpu -q -s -rs -k "not w_u_on_chip" \
+  timeout 180 python3 -m pytest -m gpu -q -s -rs -k "not w_u_on_chip and not storing_h" \
     tests/test_gluon_transposed.py 2>&1 | tee -a "$OUT/gluon_output_tests.log"
   # the materialized forward routes through this kernel too: off with it when it fails
   [ "${PIPESTATUS[0]}" = 0 ] || export GDN_BENCH_SKIP_GLUON_T=1 GDN_STATE_OUTPUT_KERNEL=0
-  # its experimental W/U-on-chip mode (forward_t) on its own leash
-  timeout 150 python3 -m pytest -m gpu -q -s -rs -k "w_u_on_chip" \
+  # its experimental modes (forward_t: W/U on chip; chunk_state_t: h and v_new stored) on
+  # their own leash
+  timeout 150 python3 -m pytest -m gpu -q -s -rs -k "w_u_on_chip or storing_h" \
     tests/test_gluon_transposed.py 2>&1 | tee -a "$OUT/gluon_output_tests.log"
-  [ "${PIPESTATUS[0]}" = 0 ] || export GDN_BENCH_SKIP_GLUON_FWD_T=1
+  [ "${PIPESTATUS[0]}" = 0 ] || export GDN_BENCH_SKIP_GLUON_T_EXPERIMENTAL=1
   # the three-launch forward built from them (skipped by its test when a piece fails)
   timeout 90 python3 -m pytest -m gpu -q -s -rs tests/test_gluon_forward.py 2>&1 | \
     tee -a "$OUT/gluon_output_tests.log"

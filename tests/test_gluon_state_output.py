@@ -49,7 +49,10 @@ def assert_refuses_bad_shapes(f):
         f(q, q, q, q, G, 1., torch.zeros(1, 2, 128, 64), False)
 
 
-def test_unsupported_inputs_are_refused():
+def test_unsupported_inputs_are_refused(monkeypatch):
+    # past the device check (gluon_transposed.check_state_inputs), as on a Hopper GPU
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     assert_refuses_bad_shapes(gluon_state_output.chunk_state_output_gluon)
 
 
