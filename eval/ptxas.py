@@ -193,12 +193,12 @@ def _gluon_transposed_store_h():
     return fn, {**sig, "h": "*bf16"}, {**consts, "STORE_H": True}
 
 
-def _gluon_transposed_wu(output: bool = True):
+def _gluon_transposed_wu(output: bool = True, map_pass: bool = False):
     """The transposed kernel with W and U formed on chip: T's [C, C] tiles in w_desc's place,
     v's in u_desc's, the gate tiles [2, C] (G and β)."""
     from gdn_fused.kernels.gluon_ring import descriptor_layout
     from gdn_fused.kernels.gluon_transposed import WU_GATE_BLOCK, WU_GATE_LAYOUT
-    fn, sig, consts = _gluon_transposed(output)
+    fn, sig, consts = _gluon_transposed(output, map_pass)
     sig["w_desc"] = tensordesc("bf16", [64, 64], descriptor_layout([64, 64]))
     sig["g_desc"] = tensordesc("fp64", WU_GATE_BLOCK, WU_GATE_LAYOUT)
     return fn, sig, {**consts, "WU": True}
@@ -220,6 +220,7 @@ HOPPER_ONLY = ("chunk_state gluon (experimental)", "chunk_state+output gluon (ex
                "state transposed gluon, no output (experimental)",
                "segment maps transposed gluon (experimental)",
                "forward transposed gluon, W/U on chip (experimental)",
+               "segment maps transposed gluon, W/U on chip (experimental)",
                "state pass storing h transposed gluon (experimental)")
 ARCHS = (80, 86, 89, 90)
 
@@ -254,6 +255,8 @@ def _kernels() -> dict:
             lambda: _gluon_transposed(False, True), dict(num_warps=4, maxnreg=T_MAXNREG)),
         "forward transposed gluon, W/U on chip (experimental)": (
             _gluon_transposed_wu, dict(num_warps=4, maxnreg=T_MAXNREG_WU)),
+        "segment maps transposed gluon, W/U on chip (experimental)": (
+            lambda: _gluon_transposed_wu(False, True), dict(num_warps=4, maxnreg=T_MAXNREG_WU)),
         "state pass storing h transposed gluon (experimental)": (
             _gluon_transposed_store_h, dict(num_warps=4, maxnreg=T_MAXNREG)),
     }

@@ -107,6 +107,8 @@ def _gate_row(g_bufs, s, row: gl.constexpr):
     formed on chip, [2, C] (G, then β)."""
     ROWS: gl.constexpr = g_bufs.type.shape[1]
     BT: gl.constexpr = g_bufs.type.shape[2]
+    # flat rows are the tile's bytes only while its layout is unswizzled (fp64 [2, C] is)
+    gl.static_assert(g_bufs.type.layout.swizzle_byte_width == 0)
     if ROWS == 1:
         g = g_bufs.index(s).reshape([BT])
     else:
@@ -351,6 +353,7 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
     u_desc are T's [C, C] and v's [C, BV] tiles and g_desc's tiles [2, C] rows of G and β;
     a fourth warpgroup forms W and U on chip. STORE_H (experimental, with OUTPUT off): the
     second warpgroup stores h_c and V' to h and o (as v_new) in chunk_state's layouts."""
+    gl.static_assert(not (STORE_H and (OUTPUT or MAP)), "STORE_H replaces the output")
     BT: gl.constexpr = k_desc.block_type.shape[0]
     BVr: gl.constexpr = u_desc.block_type.shape[1]
     if MAP:
@@ -614,14 +617,16 @@ def forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state, se
                    output_final_state, True, NUM_STAGES, segments, True)
 
 
-def chunk_state_t(k, w, u, G, initial_state, output_final_state, segments=None):
+def chunk_state_t(k, w, u, G, initial_state, output_final_state, segments=1):
     """Experimental, compiled but not yet run on a GPU: chunk_state's contract (the backward's
     recompute of h and v_new) on this kernel's chain, the second warpgroup storing h_c and V'
     (STORE_H) — bit-identical to chunk_state unsplit, if it behaves as the output mode does.
 
     k [B, T, H, 128] bf16; w, u [B, T, HV, 128] bf16; G [B, T, HV]; initial_state
-    [B, HV, 128, 128] or None. Returns (h [B·NT, HV, 128, 128] bf16, v_new like u, final state
-    fp32 or None); raises ValueError as chunk_state_output_t does."""
+    [B, HV, 128, 128] or None; segments: 1 by default, the bit-identical run (None picks as
+    :func:`num_segments`; split, h differs from chunk_state's by ~3e-3 at g = 0, equally
+    close to fp64). Returns (h [B·NT, HV, 128, 128] bf16, v_new like u, final state fp32 or
+    None); raises ValueError as chunk_state_output_t does."""
     check_state_inputs("chunk_state_t", k, k, u, G, initial_state, segments,
            (("w", w, HEAD_DIM), ("u", u, HEAD_DIM)))
     B, T, HV = G.shape
