@@ -56,7 +56,7 @@ if want gluon; then
   [ "${PIPESTATUS[0]}" = 0 ] || export GDN_BENCH_SKIP_GLUON_T=1 GDN_STATE_OUTPUT_KERNEL=0
   # its experimental modes (forward_t: W/U on chip; chunk_state_t: h and v_new stored) on
   # their own leash
-  timeout 150 python3 -m pytest -m gpu -q -s -rs -k "w_u_on_chip or storing_h" \
+  timeout 240 python3 -m pytest -m gpu -q -s -rs -k "w_u_on_chip or storing_h" \
     tests/test_gluon_transposed.py 2>&1 | tee -a "$OUT/gluon_output_tests.log"
   [ "${PIPESTATUS[0]}" = 0 ] || export GDN_BENCH_SKIP_GLUON_T_EXPERIMENTAL=1
   # the three-launch forward built from them (skipped by its test when a piece fails)
