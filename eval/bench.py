@@ -221,18 +221,19 @@ def bench_stages(B=1, T=32768):
             print(f"chunk_state_gluon failed: {e!r}", flush=True)
     fused_out = _gluon_kernel("gluon_state_output", "chunk_state_output_gluon",
                               "GDN_BENCH_SKIP_GLUON_OUTPUT")
+    # the Triton pair the Gluon state + output kernels below replace, and its o
+    o_ref = chunk_output(q, k, v_new, h, G, 0.1, CHUNK, dot_precision=prec)
+    stages["chunk_state + chunk_output"] = lambda: chunk_output(
+        q, k, chunk_state(k, w, u, G, h0, True, CHUNK, B, dot_precision=prec)[1],
+        h, G, 0.1, CHUNK, dot_precision=prec)
     if fused_out is not None:
         # the experimental state pass + output in one Gluon kernel (kernels/
         # gluon_state_output.py): o without writing h; compare with chunk_state + chunk_output
-        o_ref = chunk_output(q, k, v_new, h, G, 0.1, CHUNK, dot_precision=prec)
         try:
             o_g, _ = fused_out(q, k, w, u, G, 0.1, h0, True)
             print("chunk_state_output_gluon rel err vs chunk_state + chunk_output: o "
                   f"{((o_g - o_ref).float().norm() / o_ref.float().norm()).item():.2e}",
                   flush=True)
-            stages["chunk_state + chunk_output"] = lambda: chunk_output(
-                q, k, chunk_state(k, w, u, G, h0, True, CHUNK, B, dot_precision=prec)[1],
-                h, G, 0.1, CHUNK, dot_precision=prec)
             stages["chunk_state_output_gluon"] = lambda: fused_out(q, k, w, u, G, 0.1, h0, True)
         except Exception as e:  # experimental: report, keep the other numbers
             print(f"chunk_state_output_gluon failed: {e!r}", flush=True)
@@ -242,19 +243,15 @@ def bench_stages(B=1, T=32768):
         # the transposed-state kernel the materialized forward runs on Hopper
         # (kernels/gluon_transposed.py; 882 µs here on 2026-11-30 against 1,176 for
         # chunk_state + chunk_output), unsplit and cut into two segments
-        o_ref = chunk_output(q, k, v_new, h, G, 0.1, CHUNK, dot_precision=prec)
-        stages["chunk_state + chunk_output"] = lambda: chunk_output(
-            q, k, chunk_state(k, w, u, G, h0, True, CHUNK, B, dot_precision=prec)[1],
-            h, G, 0.1, CHUNK, dot_precision=prec)
-        stages["chunk_state_output_t 2 segments"] = lambda: transposed(
-            q, k, w, u, G, 0.1, h0, True, segments=2)
         try:
-            o_t, _ = transposed(q, k, w, u, G, 0.1, h0, True)
+            o_t, _ = transposed(q, k, w, u, G, 0.1, h0, True, segments=1)
             print("chunk_state_output_t rel err vs chunk_state + chunk_output: o "
                   f"{((o_t - o_ref).float().norm() / o_ref.float().norm()).item():.2e}",
                   flush=True)
             stages["chunk_state_output_t"] = lambda: transposed(q, k, w, u, G, 0.1, h0, True,
                                                                 segments=1)
+            stages["chunk_state_output_t 2 segments"] = lambda: transposed(
+                q, k, w, u, G, 0.1, h0, True, segments=2)
             stages["chunk_state_output_t state only"] = lambda: transposed(
                 q, k, w, u, G, 0.1, h0, True, output=False, segments=1)
         except Exception as e:  # experimental: report, keep the other numbers
@@ -280,9 +277,9 @@ def bench_stages(B=1, T=32768):
         # + the kernel above; predicted −200 µs here (docs/fused_design.md, session 6 plan)
         try:
             o_f, _ = forward_t(q, k, v, G, beta, Ai, 0.1, h0, True)
-            o_t, _ = transposed(q, k, w, u, G, 0.1, h0, True)
-            print("forward_t rel diff vs recompute_w_u + chunk_state_output_t: o "
-                  f"{((o_f - o_t).float().norm() / o_t.float().norm()).item():.2e}", flush=True)
+            print("forward_t rel diff vs recompute_w_u + chunk_state + chunk_output: o "
+                  f"{((o_f - o_ref).float().norm() / o_ref.float().norm()).item():.2e}",
+                  flush=True)
             stages["recompute_w_u + chunk_state_output_t"] = lambda: transposed(
                 q, k, *recompute_w_u(k, v, G, beta, Ai, dot_precision=prec), G, 0.1, h0, True)
             stages["forward_t (W/U on chip)"] = lambda: forward_t(q, k, v, G, beta, Ai, 0.1,

@@ -266,10 +266,10 @@ def _state_tile_t(ptr, i_n, i_hv, i_v, HV: gl.constexpr, K: gl.constexpr, V: gl.
 def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv_ready,
                      wu_ready, h0, ht, T, c0, n, i_n, i_hv, i_v, i_seg, HV: gl.constexpr,
                      K: gl.constexpr, SW: gl.constexpr, USE_INITIAL_STATE: gl.constexpr,
-                     STORE_FINAL_STATE: gl.constexpr, OUTPUT: gl.constexpr, MAP: gl.constexpr,
+                     STORE_FINAL_STATE: gl.constexpr, HANDOFF: gl.constexpr, MAP: gl.constexpr,
                      NS: gl.constexpr, WU: gl.constexpr):
     """The state recurrence (w_bufs / u_bufs: the ring's W and U tiles, or with WU the W/U
-    warpgroup's, ready on wu_ready); OUTPUT: hand h_c and V' to the second warpgroup."""
+    warpgroup's, ready on wu_ready); HANDOFF: hand h_c and V' to the second warpgroup."""
     BT: gl.constexpr = k_bufs.type.shape[1]
     BVr: gl.constexpr = u_bufs.type.shape[2]
     STAGES: gl.constexpr = k_bufs.type.shape[0]
@@ -301,7 +301,7 @@ def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_b
         s_op = gl.convert_layout(s16, a_t)
         X = warpgroup_mma(s_op, w_bufs.index(s).permute((1, 0)),
                           gl.zeros([BVr, BT], gl.float32, acc_t), use_acc=False, is_async=True)
-        if OUTPUT:
+        if HANDOFF:
             st_bufs.index(s).store(s16)  # h_c for the output warpgroup, while W S runs
         # the chunk's gates from the ring (no global load: the step's proxy fence would
         # wait for it); G_C is picked out exactly (a sum of one term and zeros)
@@ -321,14 +321,14 @@ def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_b
         vn = vn - X
         d_op = gl.convert_layout((vn * decay[None, :]).to(gl.bfloat16), a_k)
         S = warpgroup_mma(d_op, k_bufs.index(s), S * gam, is_async=True)
-        if OUTPUT:
+        if HANDOFF:
             vn_bufs.index(s).permute((1, 0)).store(vn.to(gl.bfloat16))  # V', while it runs
         S, d_op = warpgroup_mma_wait(num_outstanding=0, deps=[S, d_op])
         # h_c and V' are read by wgmma (the async proxy), and the generic read of u must
         # precede the stage's refill: fence, then all four warps, then arrive
         fence_async_shared()
         gl.thread_barrier()
-        if OUTPUT:
+        if HANDOFF:
             mbarrier.arrive(sv_ready.index(s), count=1)
         mbarrier.arrive(empty.index(s), count=1)
     # the map of every segment it covers, or the final state from the last segment

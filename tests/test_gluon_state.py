@@ -42,8 +42,9 @@ def test_unsupported_inputs_are_refused():
         gluon_state.chunk_state_gluon(k.float(), w, w, G, None, False)
 
 
-def state_inputs(B, T, H, HV, initial_state, seed, gate="normal"):
-    """q, k, w, u, G, h0 as the materialized forward makes them (bf16, K = V = 128)."""
+def forward_intermediates(B, T, H, HV, initial_state, seed, gate="normal"):
+    """q, k, v, g, beta, h0 (bf16, K = V = 128) and G, T = (I + A)⁻¹ (bf16), W, U as the
+    materialized forward makes them."""
     from gdn_fused.kernels.chunk_gate import chunk_cumsum
     from gdn_fused.kernels.kkt import dot_precision
     from gdn_fused.kernels.kkt_solve import kkt_solve_from_k
@@ -54,6 +55,12 @@ def state_inputs(B, T, H, HV, initial_state, seed, gate="normal"):
     G = chunk_cumsum(g, 64)
     Ai = kkt_solve_from_k(k, G, beta, HV, 64, torch.bfloat16)
     w, u = recompute_w_u(k, v, G, beta, Ai, dot_precision=dot_precision(k.dtype))
+    return q, k, v, g, beta, h0, G, Ai, w, u
+
+
+def state_inputs(B, T, H, HV, initial_state, seed, gate="normal"):
+    """q, k, w, u, G, h0 as the materialized forward makes them (bf16, K = V = 128)."""
+    q, k, _, _, _, h0, G, _, w, u = forward_intermediates(B, T, H, HV, initial_state, seed, gate)
     return q, k, w, u, G, h0
 
 

@@ -10,7 +10,7 @@ from tests.cases import make_inputs, rel_err, truth
 pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper",
                     reason="this Triton has no Gluon Hopper API (triton.experimental.gluon)")
 from gdn_fused.kernels import gluon_transposed  # noqa: E402
-from tests.test_gluon_state import state_inputs  # noqa: E402
+from tests.test_gluon_state import forward_intermediates, state_inputs  # noqa: E402
 from tests.test_gluon_state_output import (assert_like_triton_state_output,  # noqa: E402
                                            assert_refuses_bad_shapes)
 
@@ -164,21 +164,6 @@ def test_against_fp64(gate, T, segments):
     assert rel_err(ht, ht_ref) <= 5e-3
 
 
-def _forward_inputs(B, T, H, HV, gate, seed):
-    """q, k, v, g, beta, h0 (bf16, K = V = 128) and G, T = (I + A)⁻¹ (bf16), W, U as the
-    materialized forward makes them."""
-    from gdn_fused.kernels.chunk_gate import chunk_cumsum
-    from gdn_fused.kernels.kkt import dot_precision
-    from gdn_fused.kernels.kkt_solve import kkt_solve_from_k
-    from gdn_fused.kernels.wu import recompute_w_u
-    q, k, v, g, beta, h0 = make_inputs(B, T, H, HV, 128, 128, torch.bfloat16,
-                                       initial_state=True, device="cuda", seed=seed, gate=gate)
-    G = chunk_cumsum(g, 64)
-    Ai = kkt_solve_from_k(k, G, beta, HV, 64, torch.bfloat16)
-    w, u = recompute_w_u(k, v, G, beta, Ai, dot_precision=dot_precision(k.dtype))
-    return q, k, v, g, beta, h0, G, Ai, w, u
-
-
 def _w_u_as_on_chip(k, v, G, beta, Ai):
     """W and U rounded as forward_t's W/U warpgroup rounds them: bf16(T D) (T's columns scaled,
     D = β e^G or β) times k or v with fp32 accumulation, then bf16 — in torch, so the kernel's
@@ -216,7 +201,7 @@ def test_forward_with_w_u_on_chip(B, T, H, HV, gate, segments):
     recompute_w_u's W and U (one bf16 rounding at another place: predicted 3.6e-3 – 6.2e-3
     at T = 8192), and against the fp64 recurrence with the materialized path's bounds."""
     _hopper()
-    q, k, v, g, beta, h0, G, Ai, w, u = _forward_inputs(B, T, H, HV, gate, seed=T + HV)
+    q, k, v, g, beta, h0, G, Ai, w, u = forward_intermediates(B, T, H, HV, True, T + HV, gate)
     scale = 128 ** -0.5
     o, ht = gluon_transposed.forward_t(q, k, v, G, beta, Ai, scale, h0, True, segments=segments)
     w_c, u_c = _w_u_as_on_chip(k, v, G, beta, Ai)
