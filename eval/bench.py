@@ -252,6 +252,8 @@ def bench_stages(B=1, T=32768):
                                                                 segments=1)
             stages["chunk_state_output_t 2 segments"] = lambda: transposed(
                 q, k, w, u, G, 0.1, h0, True, segments=2)
+            stages["chunk_state_output_t 1 output group"] = lambda: transposed(
+                q, k, w, u, G, 0.1, h0, True, segments=1, output_groups=1)
             stages["chunk_state_output_t state only"] = lambda: transposed(
                 q, k, w, u, G, 0.1, h0, True, output=False, segments=1)
         except Exception as e:  # experimental: report, keep the other numbers

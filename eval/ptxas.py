@@ -187,6 +187,12 @@ def _gluon_transposed(output: bool = True, map_pass: bool = False):
     return fn, sig, consts
 
 
+def _gluon_transposed_two_outputs():
+    """The state + output kernel with two output warpgroups on alternate chunks."""
+    fn, sig, consts = _gluon_transposed()
+    return fn, sig, {**consts, "OUT_GROUPS": 2}
+
+
 def _gluon_transposed_store_h():
     """The state pass storing h and v_new (chunk_state's contract; the backward's recompute)."""
     fn, sig, consts = _gluon_transposed(False)
@@ -221,7 +227,8 @@ HOPPER_ONLY = ("chunk_state gluon (experimental)", "chunk_state+output gluon (ex
                "segment maps transposed gluon (experimental)",
                "forward transposed gluon, W/U on chip (experimental)",
                "segment maps transposed gluon, W/U on chip (experimental)",
-               "state pass storing h transposed gluon (experimental)")
+               "state pass storing h transposed gluon (experimental)",
+               "state+output transposed gluon, two output groups (experimental)")
 ARCHS = (80, 86, 89, 90)
 
 
@@ -232,6 +239,7 @@ def _kernels() -> dict:
     from gdn_fused.kernels.gluon_state_output import MAXNREG as FUSED_MAXNREG
     from gdn_fused.kernels.gluon_transposed import MAXNREG as T_MAXNREG
     from gdn_fused.kernels.gluon_transposed import MAXNREG_WU as T_MAXNREG_WU
+    from gdn_fused.kernels.gluon_transposed import MAXNREG_TWO_OUTPUTS as T_MAXNREG_2
     from gdn_fused.kernels.gluon_wu import NUM_WARPS as WU_WARPS
     from gdn_fused.kernels.kkt_solve import MAXNREG_FROM_A, NUM_WARPS
     return {
@@ -249,6 +257,8 @@ def _kernels() -> dict:
         "w, u gluon (experimental)": (_gluon_wu, dict(num_warps=WU_WARPS)),
         "state+output transposed gluon (experimental)": (
             _gluon_transposed, dict(num_warps=4, maxnreg=T_MAXNREG)),
+        "state+output transposed gluon, two output groups (experimental)": (
+            _gluon_transposed_two_outputs, dict(num_warps=4, maxnreg=T_MAXNREG_2)),
         "state transposed gluon, no output (experimental)": (
             lambda: _gluon_transposed(False), dict(num_warps=4, maxnreg=T_MAXNREG)),
         "segment maps transposed gluon (experimental)": (

@@ -33,9 +33,10 @@ Why three roles (gl.warp_specialize), each found by measurement (docs/speed_log.
   global loads, because the chain's per-step proxy fence (MEMBAR) waits for every outstanding
   load: prefetching G with ``gl.load`` made the state-only pass 433 → 680 µs.
 
-Both consumers release a ring stage (its empty barrier counts two arrivals). h_c and V' of
-stage s are rewritten only after the ring refilled s, i.e. after the output warpgroup released
-it, so the ring's barriers protect them too; sv_ready hands them over.
+Both consumers release a ring stage (its empty barrier counts two arrivals); the output
+warpgroup does so once its Q Kᵀ has run (Q stays in registers), not after O, so the refill
+of chunk j + 2 waits only for the chain's step j. h_c and V' have their own pair of barriers
+per stage: sv_ready (the chain wrote them), sv_empty (the output's products read them).
 
 Precision: as chunk_state + chunk_output for bf16 (S and V' rounded to bf16 for their products,
 fp32 accumulation, P in bf16, the state in fp32): o and the final state are bit-identical to
@@ -99,6 +100,10 @@ MAXNREG = 168
 WU_WARPS = gl.constexpr(4)
 WU_REGS = gl.constexpr(128)
 MAXNREG_WU = 128  # 4 + 4 + 1 + 4 warps, padded to 16: 65,536 / (16 · 32)
+# output warpgroups taking alternate chunks (OUT_GROUPS), and the launch's register cap then
+# (4 + 4 + 4 + 1 warps, padded to 16, as with W/U on chip)
+OUTPUT_GROUPS = 2
+MAXNREG_TWO_OUTPUTS = 128
 
 
 @gluon.jit
@@ -162,7 +167,7 @@ def _wu_partition(k_bufs, t_bufs, v_bufs, g_bufs, ready, empty, wp_bufs, up_bufs
 
 
 @gluon.jit
-def _store_h(st_bufs, vn_bufs, sv_ready, empty, h, v_new, T, c0, n, i_n, i_hv, i_v,
+def _store_h(st_bufs, vn_bufs, sv_ready, sv_empty, h, v_new, T, c0, n, i_n, i_hv, i_v,
              HV: gl.constexpr, V: gl.constexpr):
     """Experimental (STORE_H, the backward's recompute): per chunk, once the chain has put
     h_c (Sᵀ) and V' in shared memory, store them to h [B·NT, HV, K, V] and v_new [B·T, HV, V]
@@ -189,19 +194,30 @@ def _store_h(st_bufs, vn_bufs, sv_ready, empty, h, v_new, T, c0, n, i_n, i_hv, i
         p_v = v_new + ((i_n * T + t).to(gl.int64) * HV + i_hv) * V + i_v * BVr
         gl.store(p_v[:, None] + o_v[None, :], vn_bufs.index(s).load(rows),
                  mask=(t < T)[:, None])
-        # every warp past its reads of h_c and V' before the one arrive
+        # every warp past its reads of h_c and V' before the one arrive (it reads no ring
+        # stage: the ring has the chain as its one consumer then)
         gl.thread_barrier()
-        mbarrier.arrive(empty.index(s), count=1)
+        mbarrier.arrive(sv_empty.index(s), count=1)
 
 
 @gluon.jit
 def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv_ready,
-                      o_smem, o_desc, o, scale, T, c0, n, i_n, i_hv, i_v, HV: gl.constexpr,
-                      V: gl.constexpr, STORE_H: gl.constexpr, h):
+                      sv_empty, o_smem, o_desc, o, scale, T, c0, n, i_n, i_hv, i_v,
+                      HV: gl.constexpr, V: gl.constexpr, STORE_H: gl.constexpr, h,
+                      group: gl.constexpr = 0, GROUPS: gl.constexpr = 1):
     """Per chunk: P = (Q Kᵀ) ⊙ M and, once the chain has put h_c and V' in shared memory,
-    O = scale (D_{e^G} Q h_c + P V') into o; with STORE_H, h_c and V' into h and o instead."""
+    O = scale (D_{e^G} Q h_c + P V') into o; with STORE_H, h_c and V' into h and o instead.
+
+    The ring stage is released as soon as Q Kᵀ has run, with Q kept in registers (the A operand
+    of both its products, 32 registers a thread) and the gates read: holding it until O was
+    stored made the refill of chunk j + 2 wait for chunk j's output, and the chain for that
+    load (878 µs at (1, 32768) against 495 for the state pass alone). h_c and V' are released
+    on their own barrier (sv_empty) once O's products have read them.
+
+    With GROUPS output warpgroups, this one (``group``) takes chunks j ≡ group (mod GROUPS),
+    always the same ring stage(s), and its own staging tile o_smem."""
     if STORE_H:
-        _store_h(st_bufs, vn_bufs, sv_ready, empty, h, o, T, c0, n, i_n, i_hv, i_v, HV, V)
+        _store_h(st_bufs, vn_bufs, sv_ready, sv_empty, h, o, T, c0, n, i_n, i_hv, i_v, HV, V)
         return
     BT: gl.constexpr = k_bufs.type.shape[1]
     BVr: gl.constexpr = vn_bufs.type.shape[2]
@@ -210,9 +226,10 @@ def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc, k_width=2)
     o_t = gl.arange(0, BT, layout=gl.SliceLayout(1, acc))
     o_j = gl.arange(0, BT, layout=gl.SliceLayout(0, acc))
+    gl.static_assert(STAGES % GROUPS == 0, "a ring stage belongs to one output warpgroup")
     bos = i_n * T
     col = i_hv * V + i_v * BVr
-    for j in range(n):
+    for j in range(group, n, GROUPS):
         i_t = c0 + j
         s = j % STAGES
         phase = (j // STAGES) & 1
@@ -220,8 +237,12 @@ def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv
         valid = i_t * BT + o_t < T
         b_G = _gate_row(g_bufs, s, 0).load(gl.SliceLayout(1, acc))
         b_Gj = _gate_row(g_bufs, s, 0).load(gl.SliceLayout(0, acc))
-        qk = warpgroup_mma(q_bufs.index(s), k_bufs.index(s).permute((1, 0)),
+        q_op = q_bufs.index(s).load(a_op)
+        qk = warpgroup_mma(q_op, k_bufs.index(s).permute((1, 0)),
                            gl.zeros([BT, BT], gl.float32, acc), use_acc=False)
+        # every warp past its reads of the stage (q, k, the gates) before the one arrive
+        gl.thread_barrier()
+        mbarrier.arrive(empty.index(s), count=1)
         # rows past T are selected away too: their G reads 0, so G_i − G_j may be > 0; the
         # exponent is selected before the exp, so strong decay never gives inf · 0
         incl = (o_t[:, None] >= o_j[None, :]) & valid[:, None]
@@ -229,9 +250,12 @@ def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv
         p = gl.convert_layout((qk * gl.where(incl, gl.exp(gl.where(incl, diff, 0.)), 0.))
                               .to(gl.bfloat16), a_op)
         mbarrier.wait(sv_ready.index(s), phase)
-        b_o = warpgroup_mma(q_bufs.index(s), st_bufs.index(s).permute((1, 0)),
+        b_o = warpgroup_mma(q_op, st_bufs.index(s).permute((1, 0)),
                             gl.zeros([BT, BVr], gl.float32, acc), use_acc=False)
         b_o = warpgroup_mma(p, vn_bufs.index(s), b_o * gl.exp(b_G.to(gl.float32))[:, None])
+        # (synchronous products: retired here) every warp past them before the one arrive
+        gl.thread_barrier()
+        mbarrier.arrive(sv_empty.index(s), count=1)
         out = (b_o * scale).to(o_desc.dtype)
         row = bos + i_t * BT
         if (i_t + 1) * BT <= T:
@@ -246,9 +270,6 @@ def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv
             o_v = gl.arange(0, BVr, layout=gl.SliceLayout(0, acc))
             gl.store(o + (row + o_t).to(gl.int64)[:, None] * (HV * V) + col + o_v[None, :],
                      out, mask=valid[:, None])
-        # every warp past its reads of the stage (and of h_c and V') before the one arrive
-        gl.thread_barrier()
-        mbarrier.arrive(empty.index(s), count=1)
     tma.store_wait(0)
 
 
@@ -264,10 +285,11 @@ def _state_tile_t(ptr, i_n, i_hv, i_v, HV: gl.constexpr, K: gl.constexpr, V: gl.
 
 @gluon.jit
 def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv_ready,
-                     wu_ready, h0, ht, T, c0, n, i_n, i_hv, i_v, i_seg, HV: gl.constexpr,
-                     K: gl.constexpr, SW: gl.constexpr, USE_INITIAL_STATE: gl.constexpr,
-                     STORE_FINAL_STATE: gl.constexpr, HANDOFF: gl.constexpr, MAP: gl.constexpr,
-                     NS: gl.constexpr, WU: gl.constexpr):
+                     sv_empty, wu_ready, h0, ht, T, c0, n, i_n, i_hv, i_v, i_seg,
+                     HV: gl.constexpr, K: gl.constexpr, SW: gl.constexpr,
+                     USE_INITIAL_STATE: gl.constexpr, STORE_FINAL_STATE: gl.constexpr,
+                     HANDOFF: gl.constexpr, MAP: gl.constexpr, NS: gl.constexpr,
+                     WU: gl.constexpr):
     """The state recurrence (w_bufs / u_bufs: the ring's W and U tiles, or with WU the W/U
     warpgroup's, ready on wu_ready); HANDOFF: hand h_c and V' to the second warpgroup."""
     BT: gl.constexpr = k_bufs.type.shape[1]
@@ -302,6 +324,9 @@ def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_b
         X = warpgroup_mma(s_op, w_bufs.index(s).permute((1, 0)),
                           gl.zeros([BVr, BT], gl.float32, acc_t), use_acc=False, is_async=True)
         if HANDOFF:
+            # chunk j − STAGES's h_c and V' read by the second warpgroup (passes at once the
+            # first STAGES times, as the ring's empty barriers)
+            mbarrier.wait(sv_empty.index(s), phase ^ 1)
             st_bufs.index(s).store(s16)  # h_c for the output warpgroup, while W S runs
         # the chunk's gates from the ring (no global load: the step's proxy fence would
         # wait for it); G_C is picked out exactly (a sum of one term and zeros)
@@ -345,14 +370,16 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
                                 STORE_FINAL_STATE: gl.constexpr, OUTPUT: gl.constexpr,
                                 MAP: gl.constexpr, NS: gl.constexpr, STAGES: gl.constexpr,
                                 WU: gl.constexpr = False, STORE_H: gl.constexpr = False,
-                                h=None):
+                                h=None, OUT_GROUPS: gl.constexpr = 1):
     """Grid (SW / BV, B·HV, segments). MAP: the state pass alone over the K + V columns of
     [M | b] from [I | 0] (SW = K + V) for segments 0 … NS − 2, each stored to ht's segment
     slab; else the pass with the output over segment i_seg (SW = V), starting from h0's
     segment slab (the composed entering states when NS > 1). WU (experimental): w_desc and
     u_desc are T's [C, C] and v's [C, BV] tiles and g_desc's tiles [2, C] rows of G and β;
     a fourth warpgroup forms W and U on chip. STORE_H (experimental, with OUTPUT off): the
-    second warpgroup stores h_c and V' to h and o (as v_new) in chunk_state's layouts."""
+    second warpgroup stores h_c and V' to h and o (as v_new) in chunk_state's layouts.
+    OUT_GROUPS = 2 (with OUTPUT, without WU): two output warpgroups take alternate chunks."""
+    gl.static_assert(OUT_GROUPS == 1 or (OUTPUT and not WU), "two output groups need OUTPUT")
     gl.static_assert(not (STORE_H and (OUTPUT or MAP)), "STORE_H replaces the output")
     BT: gl.constexpr = k_desc.block_type.shape[0]
     BVr: gl.constexpr = u_desc.block_type.shape[1]
@@ -390,14 +417,19 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
     vn_bufs = gl.allocate_shared_memory(
         gl.bfloat16, [STAGES, BT, BVr], gl.NVMMASharedLayout.get_default_for([BT, BVr],
                                                                             gl.bfloat16))
-    o_smem = gl.allocate_shared_memory(o_desc.dtype, o_desc.block_type.shape, o_desc.layout)
-    # the output warpgroup, when there is one, and the W/U one release each stage too
+    o_smem = gl.allocate_shared_memory(o_desc.dtype, [OUT_GROUPS] + o_desc.block_type.shape,
+                                       o_desc.layout)
+    # the output warpgroup, when there is one, and the W/U one release each stage too (the
+    # stores of STORE_H read no stage)
     # the chain hands h_c and V' over for the output, or (STORE_H) for their stores
     HANDOFF: gl.constexpr = OUTPUT or STORE_H
-    ready, empty = ring_barriers(STAGES, consumers=(2 if HANDOFF else 1) + (1 if WU else 0))
+    ready, empty = ring_barriers(STAGES, consumers=(2 if OUTPUT else 1) + (1 if WU else 0))
+    # h_c and V' of a stage: written (sv_ready) by the chain, read (sv_empty) by the other
     sv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    sv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(sv_ready.index(i), count=1)
+        mbarrier.init(sv_empty.index(i), count=1)
     # q only for the output (the state pass alone, and the maps, read k, w, u and the gates)
     if OUTPUT:
         q_bufs = ring_buffers(q_desc, STAGES)
@@ -421,26 +453,43 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
             mbarrier.init(wu_ready.index(i), count=1)
         gl.warp_specialize([
             (_chain_partition, (k_bufs, wp_bufs, up_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
-                                sv_ready, wu_ready, h0, ht, T, c0, n, i_n, i_hv, i_v, i_seg, HV,
-                                K, SW, USE_INITIAL_STATE, STORE_FINAL_STATE, HANDOFF, MAP, NS,
-                                WU)),
+                                sv_ready, sv_empty, wu_ready, h0, ht, T, c0, n, i_n, i_hv,
+                                i_v, i_seg, HV, K, SW, USE_INITIAL_STATE, STORE_FINAL_STATE,
+                                HANDOFF, MAP, NS, WU)),
             (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
-                                 sv_ready, o_smem, o_desc, o, scale, T, c0,
+                                 sv_ready, sv_empty, o_smem.index(0), o_desc, o, scale, T, c0,
                                  n if HANDOFF else 0, i_n, i_hv, i_v, HV, V, STORE_H, h)),
             (load_ring, (ring[0], ring[1], ring[2], (ready, empty), i_n * T + c0 * BT, n,
                          g_desc, g_bufs, g_row, c0 * BT)),
             (_wu_partition, (k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, wp_bufs, up_bufs,
                              wu_ready, c0, n)),
         ], [OUT_WARPS, LOAD_WARPS, WU_WARPS], [OUT_REGS, LOAD_REGS, WU_REGS])
+    elif OUT_GROUPS == 2:
+        # the output's chunk latency (three dependent products, the mask, the store) is longer
+        # than the chain's step: two output warpgroups take alternate chunks
+        gl.warp_specialize([
+            (_chain_partition, (k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
+                                sv_ready, sv_empty, sv_ready, h0, ht, T, c0, n, i_n, i_hv,
+                                i_v, i_seg, HV, K, SW, USE_INITIAL_STATE, STORE_FINAL_STATE,
+                                HANDOFF, MAP, NS, WU)),
+            (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
+                                 sv_ready, sv_empty, o_smem.index(0), o_desc, o, scale, T, c0,
+                                 n, i_n, i_hv, i_v, HV, V, STORE_H, h, 0, 2)),
+            (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
+                                 sv_ready, sv_empty, o_smem.index(1), o_desc, o, scale, T, c0,
+                                 n, i_n, i_hv, i_v, HV, V, STORE_H, h, 1, 2)),
+            (load_ring, (ring[0], ring[1], ring[2], (ready, empty), i_n * T + c0 * BT, n,
+                         g_desc, g_bufs, g_row, c0 * BT)),
+        ], [OUT_WARPS, OUT_WARPS, LOAD_WARPS], [OUT_REGS, OUT_REGS, LOAD_REGS])
     else:
         # (sv_ready stands in for the unused wu_ready)
         gl.warp_specialize([
             (_chain_partition, (k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
-                                sv_ready, sv_ready, h0, ht, T, c0, n, i_n, i_hv, i_v, i_seg, HV,
-                                K, SW, USE_INITIAL_STATE, STORE_FINAL_STATE, HANDOFF, MAP, NS,
-                                WU)),
+                                sv_ready, sv_empty, sv_ready, h0, ht, T, c0, n, i_n, i_hv,
+                                i_v, i_seg, HV, K, SW, USE_INITIAL_STATE, STORE_FINAL_STATE,
+                                HANDOFF, MAP, NS, WU)),
             (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
-                                 sv_ready, o_smem, o_desc, o, scale, T, c0,
+                                 sv_ready, sv_empty, o_smem.index(0), o_desc, o, scale, T, c0,
                                  n if HANDOFF else 0, i_n, i_hv, i_v, HV, V, STORE_H, h)),
             (load_ring, (ring[0], ring[1], ring[2], (ready, empty), i_n * T + c0 * BT, n,
                          g_desc, g_bufs, g_row, c0 * BT)),
@@ -535,7 +584,7 @@ def _gate_rows(rows, B, T, HV):
 
 
 def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_final_state,
-            output, num_stages, segments, wu, h=None):
+            output, num_stages, segments, wu, h=None, output_groups=1):
     """Descriptors, then (when split) the map launch and the composition, then the main
     launch; w_tiles / u_tiles: W and U, or with ``wu`` T and v; with ``h`` (STORE_H) the
     main launch stores h_c into it and V' into the returned "o"."""
@@ -557,24 +606,26 @@ def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_fina
                                (DESCRIPTOR_BLOCKS["g"], GATE_LAYOUT))
     descs.append(TensorDescriptor.from_tensor(gate_rows, gate_block, gate_layout))
     NS = min(segments or num_segments(B * HV, NT, sm_count(q.device)), NT)
-    launch = dict(H=H, HV=HV, K=K, V=V, NS=NS, STAGES=num_stages, num_warps=4, WU=wu,
-                  maxnreg=MAXNREG_WU if wu else MAXNREG)
+    launch = dict(H=H, HV=HV, K=K, V=V, NS=NS, STAGES=num_stages, num_warps=4, WU=wu)
+    cap = MAXNREG_WU if wu else MAXNREG
     if NS > 1:
         # the maps [M | b] of segments 0 … NS − 2 (the only HBM besides o and the state)
         maps = q.new_empty(NS - 1, B, HV, K, K + V, dtype=torch.float32)
         chunk_state_output_t_kernel[((K + V) // BV, B * HV, NS - 1)](
             *descs, o, None, maps, float(scale), T, USE_INITIAL_STATE=False,
-            STORE_FINAL_STATE=True, OUTPUT=False, MAP=True, **launch)
+            STORE_FINAL_STATE=True, OUTPUT=False, MAP=True, maxnreg=cap, **launch)
         h0 = compose_segment_states(maps, h0, B, HV)
     chunk_state_output_t_kernel[(V // BV, B * HV, NS)](
         *descs, o, h0, ht, float(scale), T, USE_INITIAL_STATE=h0 is not None,
         STORE_FINAL_STATE=output_final_state, OUTPUT=output, MAP=False,
-        STORE_H=h is not None, h=h, **launch)
+        STORE_H=h is not None, h=h, OUT_GROUPS=output_groups,
+        maxnreg=MAXNREG_TWO_OUTPUTS if output_groups == 2 else cap, **launch)
     return (o if output or h is not None else None), ht
 
 
 def chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state,
-                         output=True, num_stages=NUM_STAGES, segments=None):
+                         output=True, num_stages=NUM_STAGES, segments=None,
+                         output_groups=OUTPUT_GROUPS):
     """chunk_state + chunk_output of the materialized forward without h or v_new in HBM.
 
     q, k [B, T, H, 128] bf16; w, u [B, T, HV, 128] bf16 (recompute_w_u); G [B, T, HV]
@@ -584,7 +635,8 @@ def chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state
     the output); segments: cut each sequence into this many segments run side by side, their
     entering states composed exactly from each segment's affine map (default
     :func:`num_segments`: 2 for sequences of 512+ chunks when B·HV is small enough to leave half
-    the SMs idle; at most one segment a chunk). Returns
+    the SMs idle; at most one segment a chunk); output_groups: 1 or 2 output warpgroups
+    (alternate chunks; 2 needs num_stages even). Returns
     (o [B, T, HV, 128] bf16 or None, final state [B, HV, 128, 128] fp32 or None). Raises
     ValueError for tensors not on an NVIDIA sm_90 GPU, T = 0, head dims other than 128,
     non-bf16 q/k/w/u, shapes that do not match or HV not a multiple of H. Dense batches only
@@ -595,8 +647,12 @@ def chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state
     check_state_inputs("chunk_state_output_t", q, k, u, G, initial_state, segments,
            (("w", w, HEAD_DIM), ("u", u, HEAD_DIM)))
     B, T, HV = G.shape
+    if output_groups not in (1, 2) or num_stages % output_groups:
+        raise ValueError(f"chunk_state_output_t: output_groups must be 1 or 2 and divide "
+                         f"num_stages={num_stages}, got {output_groups!r}")
     return _launch(q, k, w, u, _gate_rows([G], B, T, HV), scale, initial_state,
-                   output_final_state, output, num_stages, segments, False)
+                   output_final_state, output, num_stages, segments, False,
+                   output_groups=output_groups if output else 1)
 
 
 def forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state, segments=None):

@@ -17,6 +17,9 @@ from tests.test_gluon_state_output import (assert_like_triton_state_output,  # n
 
 @pytest.mark.parametrize("name, wgmma, tma, spill, maxnreg, shared_kb", [
     ("state+output transposed gluon", 32, 9, 0, 168, 227),
+    # two output warpgroups on alternate chunks: 13 warps at 128 registers before setmaxnreg
+    # (chain 232), 32 bytes of spill stores, 44 of loads (measured); a second o staging tile
+    ("state+output transposed gluon, two output groups", 52, 10, 44, 128, 227),
     # the state pass alone fits two programs an SM
     ("state transposed gluon, no output", 12, 6, 0, 168, 100),
     ("segment maps transposed gluon", 12, 6, 0, 168, 100),
@@ -132,6 +135,10 @@ def test_matches_chunk_state_and_output(B, T, H, HV, initial_state, gate, segmen
     assert rel_err(ht, ht_ref) <= 1e-2
     if segments == 1:  # unsplit: the same products with the same roundings
         assert rel_err(o, o_ref) == 0. and rel_err(ht, ht_ref) == 0.
+        # one output warpgroup instead of two on alternate chunks: the same o
+        o_one, _ = gluon_transposed.chunk_state_output_t(q, k, w, u, G, scale, h0, False,
+                                                         segments=1, output_groups=1)
+        assert rel_err(o_one, o) == 0.
     o_only, none = gluon_transposed.chunk_state_output_t(q, k, w, u, G, scale, h0, False,
                                                          segments=segments)
     assert none is None and rel_err(o_only, o) == 0.
