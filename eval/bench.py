@@ -241,7 +241,7 @@ def bench_stages(B=1, T=32768):
                                "GDN_BENCH_SKIP_GLUON_T")
     if transposed is not None:
         # the transposed-state kernel the materialized forward runs on Hopper
-        # (kernels/gluon_transposed.py; 882 µs here on 2026-11-30 against 1,176 for
+        # (kernels/gluon_transposed.py; 796 µs here on 2026-11-30 (s7) against 1,180 for
         # chunk_state + chunk_output), unsplit and cut into two segments
         try:
             o_t, _ = transposed(q, k, w, u, G, 0.1, h0, True, segments=1)
@@ -254,6 +254,18 @@ def bench_stages(B=1, T=32768):
                 q, k, w, u, G, 0.1, h0, True, segments=2)
             stages["chunk_state_output_t 1 output group"] = lambda: transposed(
                 q, k, w, u, G, 0.1, h0, True, segments=1, output_groups=1)
+            # launch variants of the two output warpgroups: Q read by wgmma from the ring
+            # (the stage held until O is stored) and their register budget
+            for name, variant in (("q from shared", dict(Q_REGS=False)),
+                                  ("q from shared, 120 output registers",
+                                   dict(Q_REGS=False, OUT_REGS_TWO=120))):
+                o_v, _ = transposed(q, k, w, u, G, 0.1, h0, True, segments=1, variant=variant)
+                print(f"chunk_state_output_t {name}: rel diff from the default o "
+                      f"{((o_v - o_t).float().norm() / o_t.float().norm()).item():.2e}",
+                      flush=True)
+                stages[f"chunk_state_output_t {name}"] = (
+                    lambda variant=variant: transposed(q, k, w, u, G, 0.1, h0, True,
+                                                       segments=1, variant=variant))
             stages["chunk_state_output_t state only"] = lambda: transposed(
                 q, k, w, u, G, 0.1, h0, True, output=False, segments=1)
         except Exception as e:  # experimental: report, keep the other numbers

@@ -21,13 +21,17 @@ P·V trick; no shared-memory traffic in the PTX). BV = 64 is wgmma's M. Measured
 (state only, ``output=False``): 502 µs at (1, 32768), ~1 µs a chunk step (433 in a first form
 whose gate vectors came from the other warpgroup).
 
-Why three roles (gl.warp_specialize), each found by measurement (docs/speed_log.md, session 6):
+Why these roles (gl.warp_specialize), each found by measurement (docs/speed_log.md, sessions 6
+and 7):
 
 - the chain (default partition, one warpgroup) does only what S depends on, and after each
   step stores h_c (bf16 Sᵀ) and V' to per-stage shared buffers for the output;
 - the output warpgroup forms P from its own Q Kᵀ while the chain runs, then O from h_c and V'
   and stores it (TMA from a staging tile). Issuing the output's products from the chain instead
-  lengthened each step from ~0.9 to ~1.9 µs (980 µs at (1, 32768)); here 882 µs;
+  lengthened each step from ~0.9 to ~1.9 µs (980 µs at (1, 32768)); one output warpgroup
+  882–954 µs. Its chunk (three dependent products, the mask, the store) takes longer than the
+  chain's step, so two output warpgroups take alternate chunks (``OUT_GROUPS = 2``, each with
+  its own ring stage and staging tile): 791–796 µs, the default;
 - one producer warp streams q, k, w, u and the chunk's gates by TMA into a 2-stage ring
   (``gluon_ring.load_ring``; a third stage measured no faster). The gates come by TMA, not by
   global loads, because the chain's per-step proxy fence (MEMBAR) waits for every outstanding
@@ -62,14 +66,16 @@ values) for every segment but the last, ``compose_segment_states`` composes the 
 states exactly (fp64, tiny), and the main launch runs all segments side by side. Exact
 algebra, as kernels/fused_split.py: heads with g = 0 compose like decaying ones.
 
-Experimental, written and compiled but not yet run on a GPU (``forward_t``, ``WU``): a fourth
-warpgroup forms each chunk's W and U from T (kkt_solve_from_k's bf16 inverse) and the ring's k
-and v, so the forward after the inverse is this one kernel and recompute_w_u's launch and
-W/U traffic go (docs/fused_design.md, "Next"). 207 KB of shared memory, four roles at 128
-registers a thread before setmaxnreg (chain 232), 36 bytes of scalar spills. Likewise
-``chunk_state_t`` (``STORE_H``): chunk_state's contract for the backward's recompute, the
-second warpgroup storing h_c and V' instead of forming the output (132 KB, no spills). With
-these modes off the kernel's PTX instructions are unchanged (checked by diffing them).
+Experimental, correct on the GPU but not faster, so not routed (docs/speed_log.md, session 7):
+``forward_t`` (``WU``): a fourth warpgroup forms each chunk's W and U from T
+(kkt_solve_from_k's bf16 inverse) and the ring's k and v, so the forward after the inverse is
+this one kernel (207 KB of shared memory, four roles at 128 registers a thread before
+setmaxnreg, chain 232, one output warpgroup: a fifth role does not fit the registers).
+1,053–1,086 µs at (1, 32768) against 1,015–1,068 for recompute_w_u and this kernel: the W/U
+products share the tensor cores with a latency-bound chain. ``chunk_state_t`` (``STORE_H``):
+chunk_state's contract for the backward's recompute, the second warpgroup storing h_c and V'
+(132 KB, no spills); bit-identical, but 1,121–1,187 µs against chunk_state's 655: the h
+store reads the transposed tile with scalar 16-bit shared loads and the chain waits for it.
 """
 import torch
 import triton
@@ -204,7 +210,8 @@ def _store_h(st_bufs, vn_bufs, sv_ready, sv_empty, h, v_new, T, c0, n, i_n, i_hv
 def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv_ready,
                       sv_empty, o_smem, o_desc, o, scale, T, c0, n, i_n, i_hv, i_v,
                       HV: gl.constexpr, V: gl.constexpr, STORE_H: gl.constexpr, h,
-                      group: gl.constexpr = 0, GROUPS: gl.constexpr = 1):
+                      group: gl.constexpr = 0, GROUPS: gl.constexpr = 1,
+                      Q_REGS: gl.constexpr = True):
     """Per chunk: P = (Q Kᵀ) ⊙ M and, once the chain has put h_c and V' in shared memory,
     O = scale (D_{e^G} Q h_c + P V') into o; with STORE_H, h_c and V' into h and o instead.
 
@@ -237,12 +244,16 @@ def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv
         valid = i_t * BT + o_t < T
         b_G = _gate_row(g_bufs, s, 0).load(gl.SliceLayout(1, acc))
         b_Gj = _gate_row(g_bufs, s, 0).load(gl.SliceLayout(0, acc))
-        q_op = q_bufs.index(s).load(a_op)
+        if Q_REGS:
+            q_op = q_bufs.index(s).load(a_op)
+        else:
+            q_op = q_bufs.index(s)
         qk = warpgroup_mma(q_op, k_bufs.index(s).permute((1, 0)),
                            gl.zeros([BT, BT], gl.float32, acc), use_acc=False)
-        # every warp past its reads of the stage (q, k, the gates) before the one arrive
-        gl.thread_barrier()
-        mbarrier.arrive(empty.index(s), count=1)
+        if Q_REGS:
+            # every warp past its reads of the stage (q, k, the gates) before the one arrive
+            gl.thread_barrier()
+            mbarrier.arrive(empty.index(s), count=1)
         # rows past T are selected away too: their G reads 0, so G_i − G_j may be > 0; the
         # exponent is selected before the exp, so strong decay never gives inf · 0
         incl = (o_t[:, None] >= o_j[None, :]) & valid[:, None]
@@ -256,6 +267,8 @@ def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv
         # (synchronous products: retired here) every warp past them before the one arrive
         gl.thread_barrier()
         mbarrier.arrive(sv_empty.index(s), count=1)
+        if not Q_REGS:
+            mbarrier.arrive(empty.index(s), count=1)
         out = (b_o * scale).to(o_desc.dtype)
         row = bos + i_t * BT
         if (i_t + 1) * BT <= T:
@@ -338,6 +351,8 @@ def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_b
         gam = gl.exp(G_last.to(gl.float32))
         # register operands stay live (deps) until the products reading them have retired
         X, s_op = warpgroup_mma_wait(num_outstanding=0, deps=[X, s_op])
+        # (u read before the wait: ptxas then spills with two output warpgroups and the
+        # kernel was slower, 791 → 845 µs; docs/speed_log.md)
         vn = u_bufs.index(s).permute((1, 0)).load(acc_t).to(gl.float32)
         if MAP:
             # (a product, not a select: a non-finite u would reach all of M, where unsplit it
@@ -370,7 +385,9 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
                                 STORE_FINAL_STATE: gl.constexpr, OUTPUT: gl.constexpr,
                                 MAP: gl.constexpr, NS: gl.constexpr, STAGES: gl.constexpr,
                                 WU: gl.constexpr = False, STORE_H: gl.constexpr = False,
-                                h=None, OUT_GROUPS: gl.constexpr = 1):
+                                h=None, OUT_GROUPS: gl.constexpr = 1,
+                                Q_REGS: gl.constexpr = True,
+                                OUT_REGS_TWO: gl.constexpr = OUT_REGS):
     """Grid (SW / BV, B·HV, segments). MAP: the state pass alone over the K + V columns of
     [M | b] from [I | 0] (SW = K + V) for segments 0 … NS − 2, each stored to ht's segment
     slab; else the pass with the output over segment i_seg (SW = V), starting from h0's
@@ -474,13 +491,13 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
                                 HANDOFF, MAP, NS, WU)),
             (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                  sv_ready, sv_empty, o_smem.index(0), o_desc, o, scale, T, c0,
-                                 n, i_n, i_hv, i_v, HV, V, STORE_H, h, 0, 2)),
+                                 n, i_n, i_hv, i_v, HV, V, STORE_H, h, 0, 2, Q_REGS)),
             (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                  sv_ready, sv_empty, o_smem.index(1), o_desc, o, scale, T, c0,
-                                 n, i_n, i_hv, i_v, HV, V, STORE_H, h, 1, 2)),
+                                 n, i_n, i_hv, i_v, HV, V, STORE_H, h, 1, 2, Q_REGS)),
             (load_ring, (ring[0], ring[1], ring[2], (ready, empty), i_n * T + c0 * BT, n,
                          g_desc, g_bufs, g_row, c0 * BT)),
-        ], [OUT_WARPS, OUT_WARPS, LOAD_WARPS], [OUT_REGS, OUT_REGS, LOAD_REGS])
+        ], [OUT_WARPS, OUT_WARPS, LOAD_WARPS], [OUT_REGS_TWO, OUT_REGS_TWO, LOAD_REGS])
     else:
         # (sv_ready stands in for the unused wu_ready)
         gl.warp_specialize([
@@ -584,7 +601,7 @@ def _gate_rows(rows, B, T, HV):
 
 
 def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_final_state,
-            output, num_stages, segments, wu, h=None, output_groups=1):
+            output, num_stages, segments, wu, h=None, output_groups=1, variant=None):
     """Descriptors, then (when split) the map launch and the composition, then the main
     launch; w_tiles / u_tiles: W and U, or with ``wu`` T and v; with ``h`` (STORE_H) the
     main launch stores h_c into it and V' into the returned "o"."""
@@ -618,14 +635,14 @@ def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_fina
     chunk_state_output_t_kernel[(V // BV, B * HV, NS)](
         *descs, o, h0, ht, float(scale), T, USE_INITIAL_STATE=h0 is not None,
         STORE_FINAL_STATE=output_final_state, OUTPUT=output, MAP=False,
-        STORE_H=h is not None, h=h, OUT_GROUPS=output_groups,
+        STORE_H=h is not None, h=h, OUT_GROUPS=output_groups, **(variant or {}),
         maxnreg=MAXNREG_TWO_OUTPUTS if output_groups == 2 else cap, **launch)
     return (o if output or h is not None else None), ht
 
 
 def chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state,
                          output=True, num_stages=NUM_STAGES, segments=None,
-                         output_groups=OUTPUT_GROUPS):
+                         output_groups=OUTPUT_GROUPS, variant=None):
     """chunk_state + chunk_output of the materialized forward without h or v_new in HBM.
 
     q, k [B, T, H, 128] bf16; w, u [B, T, HV, 128] bf16 (recompute_w_u); G [B, T, HV]
@@ -636,7 +653,8 @@ def chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state
     entering states composed exactly from each segment's affine map (default
     :func:`num_segments`: 2 for sequences of 512+ chunks when B·HV is small enough to leave half
     the SMs idle; at most one segment a chunk); output_groups: 1 or 2 output warpgroups
-    (alternate chunks; 2 needs num_stages even). Returns
+    (alternate chunks; 2 needs num_stages even); variant: constexprs of the main launch
+    (launch variants for eval.bench: Q_REGS, OUT_REGS_TWO). Returns
     (o [B, T, HV, 128] bf16 or None, final state [B, HV, 128, 128] fp32 or None). Raises
     ValueError for tensors not on an NVIDIA sm_90 GPU, T = 0, head dims other than 128,
     non-bf16 q/k/w/u, shapes that do not match or HV not a multiple of H. Dense batches only
@@ -652,12 +670,13 @@ def chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state
                          f"num_stages={num_stages}, got {output_groups!r}")
     return _launch(q, k, w, u, _gate_rows([G], B, T, HV), scale, initial_state,
                    output_final_state, output, num_stages, segments, False,
-                   output_groups=output_groups if output else 1)
+                   output_groups=output_groups if output else 1, variant=variant)
 
 
 def forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state, segments=None):
     """Experimental: the forward after the inverse in one kernel, W and U formed on chip by a
-    fourth warpgroup (``WU``) instead of read from recompute_w_u; not yet run on a GPU.
+    fourth warpgroup (``WU``) instead of read from recompute_w_u; correct on the H200, not
+    faster than the two launches it would replace (module docstring), so not routed.
 
     q, k [B, T, H, 128] bf16; v [B, T, HV, 128] bf16; G [B, T, HV] (natural-log decay
     cumulated within each chunk of 64); beta [B, T, HV]; Ai [B, T, HV, 64] bf16, T = (I + A)⁻¹
@@ -674,9 +693,9 @@ def forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state, se
 
 
 def chunk_state_t(k, w, u, G, initial_state, output_final_state, segments=1):
-    """Experimental, compiled but not yet run on a GPU: chunk_state's contract (the backward's
-    recompute of h and v_new) on this kernel's chain, the second warpgroup storing h_c and V'
-    (STORE_H) — bit-identical to chunk_state unsplit, if it behaves as the output mode does.
+    """Experimental: chunk_state's contract (the backward's recompute of h and v_new) on this
+    kernel's chain, the second warpgroup storing h_c and V' (STORE_H); bit-identical to
+    chunk_state unsplit on the H200, but slower (module docstring), so not routed.
 
     k [B, T, H, 128] bf16; w, u [B, T, HV, 128] bf16; G [B, T, HV]; initial_state
     [B, HV, 128, 128] or None; segments: 1 by default, the bit-identical run (None picks as
