@@ -22,9 +22,10 @@ def _fused_supported(q, v, chunk_size):
 
 # auto picks the fused kernel only where it has been measured faster than materialized. The
 # plain-Triton fused kernel (kernels/fused_fwd.py) is correct but, measured on the H200 at
-# H=16, HV=32, K=V=128, bf16, 8× slower than materialized at (B, T) = (1, 32768) (17.8 ms vs
-# 2.19 ms) and slower at every anchor shape (eval.bench, 2026-11-29): register spills of its
-# on-chip inverse. Flip this once a fused kernel wins (issue 4).
+# H=16, HV=32, K=V=128, bf16, 3.1× slower than materialized at (B, T) = (1, 32768) (4.00 ms vs
+# 1.29 ms) and slower at every anchor shape the GPU binds (eval.bench, 2026-11-30, session 7):
+# register spills of its one-program-per-head chunk loop. Flip this once a fused kernel wins
+# (issue 4).
 AUTO_PICKS_FUSED = False
 
 
