@@ -37,10 +37,14 @@ and 7):
   global loads, because the chain's per-step proxy fence (MEMBAR) waits for every outstanding
   load: prefetching G with ``gl.load`` made the state-only pass 433 → 680 µs.
 
-Both consumers release a ring stage (its empty barrier counts two arrivals); the output
-warpgroup does so once its Q Kᵀ has run (Q stays in registers), not after O, so the refill
-of chunk j + 2 waits only for the chain's step j. h_c and V' have their own pair of barriers
-per stage: sv_ready (the chain wrote them), sv_empty (the output's products read them).
+Each consumer of a ring stage releases it (its empty barrier counts one arrival from each:
+the chain, the output warpgroup owning the chunk, and with WU the W/U warpgroup); the output
+warpgroup does so once its Q Kᵀ has run (Q stays in registers, ``Q_REGS``), not after O.
+h_c and V' have their own pair of barriers per stage: sv_ready (the chain wrote them),
+sv_empty (the output's products read them). Alone, that early release measured slower
+(878 → 946 µs with one output warpgroup: the hypothesis that the ring's refill waited for the
+output was wrong); with two output warpgroups it is the faster form (796 against 872 µs
+holding the stage, same run), so it is the default.
 
 Precision: as chunk_state + chunk_output for bf16 (S and V' rounded to bf16 for their products,
 fp32 accumulation, P in bf16, the state in fp32): o and the final state are bit-identical to
@@ -110,6 +114,9 @@ MAXNREG_WU = 128  # 4 + 4 + 1 + 4 warps, padded to 16: 65,536 / (16 · 32)
 # (4 + 4 + 4 + 1 warps, padded to 16, as with W/U on chip)
 OUTPUT_GROUPS = 2
 MAXNREG_TWO_OUTPUTS = 128
+# the main launch's constexprs chunk_state_output_t's ``variant`` may set (launch variants for
+# eval.bench): Q in registers with the early stage release, the two output groups' registers
+VARIANT_KEYS = frozenset({"Q_REGS", "OUT_REGS_TWO"})
 
 
 @gluon.jit
@@ -215,11 +222,11 @@ def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv
     """Per chunk: P = (Q Kᵀ) ⊙ M and, once the chain has put h_c and V' in shared memory,
     O = scale (D_{e^G} Q h_c + P V') into o; with STORE_H, h_c and V' into h and o instead.
 
-    The ring stage is released as soon as Q Kᵀ has run, with Q kept in registers (the A operand
-    of both its products, 32 registers a thread) and the gates read: holding it until O was
-    stored made the refill of chunk j + 2 wait for chunk j's output, and the chain for that
-    load (878 µs at (1, 32768) against 495 for the state pass alone). h_c and V' are released
-    on their own barrier (sv_empty) once O's products have read them.
+    Q_REGS: the ring stage is released as soon as Q Kᵀ has run, with Q kept in registers (the
+    A operand of both its products, 32 registers a thread) and the gates read; else Q is read
+    by wgmma from the stage, which is held until O's products have run (the module docstring
+    has both forms' times). h_c and V' are released on their own barrier (sv_empty) once O's
+    products have read them.
 
     With GROUPS output warpgroups, this one (``group``) takes chunks j ≡ group (mod GROUPS),
     always the same ring stage(s), and its own staging tile o_smem."""
@@ -364,8 +371,10 @@ def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_b
         if HANDOFF:
             vn_bufs.index(s).permute((1, 0)).store(vn.to(gl.bfloat16))  # V', while it runs
         S, d_op = warpgroup_mma_wait(num_outstanding=0, deps=[S, d_op])
-        # h_c and V' are read by wgmma (the async proxy), and the generic read of u must
-        # precede the stage's refill: fence, then all four warps, then arrive
+        # h_c and V' are read by wgmma (the async proxy): fence, then all four warps, then
+        # arrive. (Without a hand-off the fence only orders the generic read of u before the
+        # stage's TMA refill, which the empty barrier already does, as CUTLASS's consumer
+        # release relies on; kept there as measured.)
         fence_async_shared()
         gl.thread_barrier()
         if HANDOFF:
@@ -475,7 +484,8 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
                                 HANDOFF, MAP, NS, WU)),
             (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                  sv_ready, sv_empty, o_smem.index(0), o_desc, o, scale, T, c0,
-                                 n if HANDOFF else 0, i_n, i_hv, i_v, HV, V, STORE_H, h)),
+                                 n if HANDOFF else 0, i_n, i_hv, i_v, HV, V, STORE_H, h, 0, 1,
+                                 Q_REGS)),
             (load_ring, (ring[0], ring[1], ring[2], (ready, empty), i_n * T + c0 * BT, n,
                          g_desc, g_bufs, g_row, c0 * BT)),
             (_wu_partition, (k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, wp_bufs, up_bufs,
@@ -507,7 +517,8 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
                                 HANDOFF, MAP, NS, WU)),
             (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                  sv_ready, sv_empty, o_smem.index(0), o_desc, o, scale, T, c0,
-                                 n if HANDOFF else 0, i_n, i_hv, i_v, HV, V, STORE_H, h)),
+                                 n if HANDOFF else 0, i_n, i_hv, i_v, HV, V, STORE_H, h, 0, 1,
+                                 Q_REGS)),
             (load_ring, (ring[0], ring[1], ring[2], (ready, empty), i_n * T + c0 * BT, n,
                          g_desc, g_bufs, g_row, c0 * BT)),
         ], [OUT_WARPS, LOAD_WARPS], [OUT_REGS, LOAD_REGS])
@@ -653,24 +664,30 @@ def chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state
     entering states composed exactly from each segment's affine map (default
     :func:`num_segments`: 2 for sequences of 512+ chunks when B·HV is small enough to leave half
     the SMs idle; at most one segment a chunk); output_groups: 1 or 2 output warpgroups
-    (alternate chunks; 2 needs num_stages even); variant: constexprs of the main launch
-    (launch variants for eval.bench: Q_REGS, OUT_REGS_TWO). Returns
+    (alternate chunks; 2 needs num_stages even; ignored with output=False); variant: a dict
+    of the main launch's constexprs among VARIANT_KEYS (launch variants for eval.bench).
+    Returns
     (o [B, T, HV, 128] bf16 or None, final state [B, HV, 128, 128] fp32 or None). Raises
     ValueError for tensors not on an NVIDIA sm_90 GPU, T = 0, head dims other than 128,
-    non-bf16 q/k/w/u, shapes that do not match or HV not a multiple of H. Dense batches only
-    (the chunk size is 64); with B > 1 and T not a multiple of 64, a non-finite value in a
-    sequence's first rows reaches the previous sequence (see the module docstring).
+    non-bf16 q/k/w/u, shapes that do not match, HV not a multiple of H, output_groups other
+    than 1 or 2 (or not dividing num_stages) and variant keys outside VARIANT_KEYS. Dense
+    batches only (the chunk size is 64); with B > 1 and T not a multiple of 64, a non-finite
+    value in a sequence's first rows reaches the previous sequence (see the module docstring).
     Math: the chunkwise Gated DeltaNet forward (Yang, Kautz & Hatamizadeh, arXiv:2412.06464,
     §3.3)."""
     check_state_inputs("chunk_state_output_t", q, k, u, G, initial_state, segments,
            (("w", w, HEAD_DIM), ("u", u, HEAD_DIM)))
     B, T, HV = G.shape
-    if output_groups not in (1, 2) or num_stages % output_groups:
-        raise ValueError(f"chunk_state_output_t: output_groups must be 1 or 2 and divide "
-                         f"num_stages={num_stages}, got {output_groups!r}")
+    groups = output_groups if output else 1  # the state pass alone has no output warpgroup
+    if type(groups) is not int or groups not in (1, 2) or num_stages % groups:
+        raise ValueError(f"chunk_state_output_t: output_groups must be the int 1 or 2 and "
+                         f"divide num_stages={num_stages}, got {output_groups!r}")
+    if variant is not None and not set(variant) <= VARIANT_KEYS:
+        raise ValueError(f"chunk_state_output_t: variant keys must be among "
+                         f"{sorted(VARIANT_KEYS)}, got {sorted(variant)}")
     return _launch(q, k, w, u, _gate_rows([G], B, T, HV), scale, initial_state,
                    output_final_state, output, num_stages, segments, False,
-                   output_groups=output_groups if output else 1, variant=variant)
+                   output_groups=groups, variant=variant)
 
 
 def forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state, segments=None):

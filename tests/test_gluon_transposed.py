@@ -46,8 +46,9 @@ def test_compiles_to_a_warp_specialized_kernel_with_register_operands(name, wgmm
     assert options["maxnreg"] == maxnreg and r["registers"] <= maxnreg
     assert r["spill_stores"] <= spill and r["spill_loads"] <= spill
     # a 2-stage ring of q, k, w (16 KB each), u (8 KB) and the gates, h_c and V' (24 KB a
-    # stage), o's staging tile: 174 KB, one program an SM; the state pass alone 83 KB (two
-    # an SM); with W and U on chip 207 KB; storing h and v_new 132 KB
+    # stage), o's staging tile: 174 KB (182 with two output groups), one program an SM; the
+    # state pass alone 83 KB (two an SM); with W and U on chip 207 KB; storing h and v_new
+    # 132 KB
     assert r["shared"] <= shared_kb * 1024
 
 
@@ -110,6 +111,57 @@ def test_segments_must_be_a_positive_int(monkeypatch):
     for bad in (0, -1, 2.0):
         with pytest.raises(ValueError, match="segments"):
             gluon_transposed.chunk_state_output_t(q, q, q, q, G, 1., None, False, segments=bad)
+
+
+def test_output_groups_and_variants_are_checked(monkeypatch):
+    """output_groups must be the int 1 or 2 dividing num_stages (ignored for the state pass
+    alone, which may take 3 stages); variant keys only among VARIANT_KEYS."""
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    launched = []
+    monkeypatch.setattr(gluon_transposed, "_launch", lambda *a, **kw: launched.append(kw))
+    q = torch.zeros(1, 64, 1, 128, dtype=torch.bfloat16)
+    G = torch.zeros(1, 64, 1, dtype=torch.float64)
+    f = gluon_transposed.chunk_state_output_t
+    for bad in (0, 3, 2.0, None):
+        with pytest.raises(ValueError, match="output_groups"):
+            f(q, q, q, q, G, 1., None, False, output_groups=bad)
+    with pytest.raises(ValueError, match="output_groups"):
+        f(q, q, q, q, G, 1., None, False, num_stages=3)  # two groups need an even ring
+    with pytest.raises(ValueError, match="variant"):
+        f(q, q, q, q, G, 1., None, False, variant=dict(maxnreg=255))
+    assert not launched
+    f(q, q, q, q, G, 1., None, True, output=False, num_stages=3)
+    f(q, q, q, q, G, 1., None, False, num_stages=3, output_groups=1)
+    f(q, q, q, q, G, 1., None, False, variant=dict(Q_REGS=False))
+    assert [kw["output_groups"] for kw in launched] == [1, 1, 2]
+
+
+@pytest.mark.gpu
+def test_long_run_is_bit_identical_across_launches_and_forms():
+    """A Qwen3-Next layer's 32 value heads at T = 8192 (128 chunks a program, every program
+    resident, unsplit): o and the final state equal the Triton kernels' to the bit, and so do
+    one output warpgroup, Q read from shared memory, and repeated launches — a race on the
+    hand-off or ring buffers would show as a difference somewhere in 128 chunks × 64
+    programs. chunk_state_t likewise against chunk_state."""
+    _hopper()
+    q, k, w, u, G, h0 = state_inputs(1, 8192, 16, 32, True, seed=7, gate="normal")
+    scale = 128 ** -0.5
+    o, ht = gluon_transposed.chunk_state_output_t(q, k, w, u, G, scale, h0, True, segments=1)
+    o_ref, ht_ref = assert_like_triton_state_output(o, ht, q, k, w, u, G, scale, h0)
+    assert torch.equal(o, o_ref) and torch.equal(ht, ht_ref)
+    for kw in (dict(output_groups=1), dict(variant=dict(Q_REGS=False)),
+               dict(output_groups=1, variant=dict(Q_REGS=False)), {}, {}):
+        o2, ht2 = gluon_transposed.chunk_state_output_t(q, k, w, u, G, scale, h0, True,
+                                                        segments=1, **kw)
+        assert torch.equal(o2, o) and torch.equal(ht2, ht), kw
+    from gdn_fused.kernels.chunk_state import chunk_state
+    from gdn_fused.kernels.kkt import dot_precision
+    h_ref, v_ref, _ = chunk_state(k, w, u, G, h0, False, 64, 1,
+                                  dot_precision=dot_precision(k.dtype))
+    for _ in range(2):
+        h, v_new, _ = gluon_transposed.chunk_state_t(k, w, u, G, h0, False)
+        assert torch.equal(h, h_ref) and torch.equal(v_new, v_ref)
 
 
 @pytest.mark.gpu
