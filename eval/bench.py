@@ -276,7 +276,8 @@ def bench_stages(B=1, T=32768):
                             "GDN_BENCH_SKIP_GLUON_T_EXPERIMENTAL")
     if state_t is not None:
         # experimental: chunk_state's contract (the backward's recompute) on the transposed
-        # chain; predicted ~500 µs unsplit here against chunk_state's 658
+        # chain; 1,121–1,187 µs here with one store warpgroup against chunk_state's 655
+        # (session 7), two store warpgroups on alternate chunks by default
         try:
             h_t, v_new_t, _ = state_t(k, w, u, G, h0, True, segments=1)
             print("chunk_state_t rel diff vs chunk_state: h "
@@ -284,6 +285,8 @@ def bench_stages(B=1, T=32768):
                   f"{((v_new_t - v_new).float().norm() / v_new.float().norm()).item():.2e}",
                   flush=True)
             stages["chunk_state_t"] = lambda: state_t(k, w, u, G, h0, True, segments=1)
+            stages["chunk_state_t 1 store group"] = lambda: state_t(k, w, u, G, h0, True,
+                                                                    segments=1, store_groups=1)
         except Exception as e:  # experimental: report, keep the other numbers
             print(f"chunk_state_t failed: {e!r}", flush=True)
     if forward_t is not None and transposed is not None:

@@ -194,9 +194,10 @@ def _gluon_transposed_two_outputs():
 
 
 def _gluon_transposed_store_h():
-    """The state pass storing h and v_new (chunk_state's contract; the backward's recompute)."""
+    """The state pass storing h and v_new (chunk_state's contract; the backward's recompute),
+    two store warpgroups on alternate chunks as chunk_state_t launches it."""
     fn, sig, consts = _gluon_transposed(False)
-    return fn, {**sig, "h": "*bf16"}, {**consts, "STORE_H": True}
+    return fn, {**sig, "h": "*bf16"}, {**consts, "STORE_H": True, "OUT_GROUPS": 2}
 
 
 def _gluon_transposed_wu(output: bool = True, map_pass: bool = False):
@@ -268,7 +269,7 @@ def _kernels() -> dict:
         "segment maps transposed gluon, W/U on chip (experimental)": (
             lambda: _gluon_transposed_wu(False, True), dict(num_warps=4, maxnreg=T_MAXNREG_WU)),
         "state pass storing h transposed gluon (experimental)": (
-            _gluon_transposed_store_h, dict(num_warps=4, maxnreg=T_MAXNREG)),
+            _gluon_transposed_store_h, dict(num_warps=4, maxnreg=T_MAXNREG_2)),
     }
 
 

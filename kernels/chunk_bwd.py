@@ -30,9 +30,30 @@ from gdn_fused.kernels.chunk_index import chunk_layout
 from gdn_fused.kernels.chunk_state import chunk_state
 from gdn_fused.kernels.kkt import dot_precision
 from gdn_fused.kernels.kkt_solve import chunk_inverse
-from gdn_fused.kernels.materialized import contiguous
+from gdn_fused.kernels.materialized import contiguous, uses_state_output_kernel
 from gdn_fused.kernels.wu import recompute_w_u
 from gdn_fused.kernels.wu_bwd import wu_bwd
+
+
+# The recompute of h and v_new on the forward's transposed Gluon chain (gluon_transposed.
+# chunk_state_t, two warpgroups storing h and v_new) where the forward runs that kernel:
+# bit-identical to chunk_state (GPU tests). Off until measured faster than chunk_state.
+RECOMPUTE_ON_TRANSPOSED_CHAIN = False
+
+
+def recompute_states(q, k, w, u, G, initial_state, chunk_size, N, cu_seqlens, chunk_offsets,
+                     num_chunks, prec):
+    """(h, v_new) of the forward, from chunk_state or, on Hopper where the forward uses the
+    transposed Gluon kernel (and RECOMPUTE_ON_TRANSPOSED_CHAIN), from chunk_state_t — the same
+    bits either way."""
+    if RECOMPUTE_ON_TRANSPOSED_CHAIN and uses_state_output_kernel(q, u, chunk_size, cu_seqlens):
+        from gdn_fused.kernels.gluon_transposed import chunk_state_t
+        h, v_new, _ = chunk_state_t(k, w, u, G, initial_state, False)
+        return h, v_new
+    h, v_new, _ = chunk_state(k, w, u, G, initial_state, False, chunk_size, N,
+                              cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets,
+                              num_chunks=num_chunks, dot_precision=prec)
+    return h, v_new
 
 
 def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens,
@@ -62,9 +83,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, initial_state, do, dht, 
     G = chunk_cumsum(g, chunk_size, **idx)
     Ai = chunk_inverse(k, G, beta, HV, chunk_size, torch.float32, **idx)
     w, u = recompute_w_u(k, v, G, beta, Ai, dot_precision=prec, **idx)
-    h, v_new, _ = chunk_state(k, w, u, G, initial_state, False, chunk_size, N,
-                              cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets,
-                              num_chunks=idx["num_chunks"], dot_precision=prec)
+    h, v_new = recompute_states(q, k, w, u, G, initial_state, chunk_size, N, cu_seqlens,
+                                chunk_offsets, idx["num_chunks"], prec)
     del u
     # the backward proper
     dv_local = chunk_bwd_dv_local(q, k, g, do, scale, chunk_size, dot_precision=prec, **idx)

@@ -181,11 +181,14 @@ def _wu_partition(k_bufs, t_bufs, v_bufs, g_bufs, ready, empty, wp_bufs, up_bufs
 
 @gluon.jit
 def _store_h(st_bufs, vn_bufs, sv_ready, sv_empty, h, v_new, T, c0, n, i_n, i_hv, i_v,
-             HV: gl.constexpr, V: gl.constexpr):
+             HV: gl.constexpr, V: gl.constexpr, group: gl.constexpr = 0,
+             GROUPS: gl.constexpr = 1):
     """Experimental (STORE_H, the backward's recompute): per chunk, once the chain has put
     h_c (Sᵀ) and V' in shared memory, store them to h [B·NT, HV, K, V] and v_new [B·T, HV, V]
     in chunk_state's layouts (h through a transposed view: rows of K, value columns
-    contiguous)."""
+    contiguous); with GROUPS store warpgroups, this one takes chunks j ≡ group (mod GROUPS).
+    (h_c is read transposed from its [BV, K] tile: 64 scalar 16-bit shared loads a thread a
+    chunk, ~1 µs, longer than the chain's step with one group.)"""
     K: gl.constexpr = st_bufs.type.shape[2]
     BVr: gl.constexpr = st_bufs.type.shape[1]
     BT: gl.constexpr = vn_bufs.type.shape[1]
@@ -196,7 +199,7 @@ def _store_h(st_bufs, vn_bufs, sv_ready, sv_empty, h, v_new, T, c0, n, i_n, i_hv
     o_t = gl.arange(0, BT, layout=gl.SliceLayout(1, rows))
     o_v = gl.arange(0, BVr, layout=gl.SliceLayout(0, rows))
     NT = gl.cdiv(T, BT)
-    for j in range(n):
+    for j in range(group, n, GROUPS):
         i_t = c0 + j
         s = j % STAGES
         mbarrier.wait(sv_ready.index(s), (j // STAGES) & 1)
@@ -231,7 +234,8 @@ def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv
     With GROUPS output warpgroups, this one (``group``) takes chunks j ≡ group (mod GROUPS),
     always the same ring stage(s), and its own staging tile o_smem."""
     if STORE_H:
-        _store_h(st_bufs, vn_bufs, sv_ready, sv_empty, h, o, T, c0, n, i_n, i_hv, i_v, HV, V)
+        _store_h(st_bufs, vn_bufs, sv_ready, sv_empty, h, o, T, c0, n, i_n, i_hv, i_v, HV, V,
+                 group, GROUPS)
         return
     BT: gl.constexpr = k_bufs.type.shape[1]
     BVr: gl.constexpr = vn_bufs.type.shape[2]
@@ -405,7 +409,8 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
     a fourth warpgroup forms W and U on chip. STORE_H (experimental, with OUTPUT off): the
     second warpgroup stores h_c and V' to h and o (as v_new) in chunk_state's layouts.
     OUT_GROUPS = 2 (with OUTPUT, without WU): two output warpgroups take alternate chunks."""
-    gl.static_assert(OUT_GROUPS == 1 or (OUTPUT and not WU), "two output groups need OUTPUT")
+    gl.static_assert(OUT_GROUPS == 1 or ((OUTPUT or STORE_H) and not WU),
+                     "two output groups need the output or STORE_H")
     gl.static_assert(not (STORE_H and (OUTPUT or MAP)), "STORE_H replaces the output")
     BT: gl.constexpr = k_desc.block_type.shape[0]
     BVr: gl.constexpr = u_desc.block_type.shape[1]
@@ -709,7 +714,7 @@ def forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state, se
                    output_final_state, True, NUM_STAGES, segments, True)
 
 
-def chunk_state_t(k, w, u, G, initial_state, output_final_state, segments=1):
+def chunk_state_t(k, w, u, G, initial_state, output_final_state, segments=1, store_groups=2):
     """Experimental: chunk_state's contract (the backward's recompute of h and v_new) on this
     kernel's chain, the second warpgroup storing h_c and V' (STORE_H); bit-identical to
     chunk_state unsplit on the H200, but slower (module docstring), so not routed.
@@ -717,12 +722,17 @@ def chunk_state_t(k, w, u, G, initial_state, output_final_state, segments=1):
     k [B, T, H, 128] bf16; w, u [B, T, HV, 128] bf16; G [B, T, HV]; initial_state
     [B, HV, 128, 128] or None; segments: 1 by default, the bit-identical run (None picks as
     :func:`num_segments`; split, h differs from chunk_state's by ~3e-3 at g = 0, equally
-    close to fp64). Returns (h [B·NT, HV, 128, 128] bf16, v_new like u, final state fp32 or
-    None); raises ValueError as chunk_state_output_t does."""
+    close to fp64); store_groups: warpgroups storing h and v_new on alternate chunks (1 or
+    2). Returns (h [B·NT, HV, 128, 128] bf16, v_new like u, final state fp32 or None); raises
+    ValueError as chunk_state_output_t does, and for other store_groups."""
     check_state_inputs("chunk_state_t", k, k, u, G, initial_state, segments,
            (("w", w, HEAD_DIM), ("u", u, HEAD_DIM)))
     B, T, HV = G.shape
     h = k.new_empty(B * triton.cdiv(T, CHUNK), HV, HEAD_DIM, HEAD_DIM)
+    if store_groups not in (1, 2) or type(store_groups) is not int:
+        raise ValueError(f"chunk_state_t: store_groups must be the int 1 or 2, got "
+                         f"{store_groups!r}")
     v_new, ht = _launch(k, k, w, u, _gate_rows([G], B, T, HV), 1., initial_state,
-                        output_final_state, False, NUM_STAGES, segments, False, h=h)
+                        output_final_state, False, NUM_STAGES, segments, False, h=h,
+                        output_groups=store_groups)
     return h, v_new, ht

@@ -28,8 +28,8 @@ from tests.test_gluon_state_output import (assert_like_triton_state_output,  # n
     # scalar spills in the W/U role's loop (measured; 48 in its map pass)
     ("forward transposed gluon, W/U on chip", 40, 8, 36, 128, 227),
     ("segment maps transposed gluon, W/U on chip", 20, 5, 48, 128, 227),
-    # h and v_new stored by the second warpgroup (no products there; no q)
-    ("state pass storing h transposed gluon", 12, 6, 0, 168, 227),
+    # h and v_new stored by two warpgroups on alternate chunks (no products there; no q)
+    ("state pass storing h transposed gluon", 12, 6, 0, 128, 227),
 ])
 def test_compiles_to_a_warp_specialized_kernel_with_register_operands(name, wgmma, tma, spill,
                                                                       maxnreg, shared_kb):
@@ -159,9 +159,29 @@ def test_long_run_is_bit_identical_across_launches_and_forms():
     from gdn_fused.kernels.kkt import dot_precision
     h_ref, v_ref, _ = chunk_state(k, w, u, G, h0, False, 64, 1,
                                   dot_precision=dot_precision(k.dtype))
-    for _ in range(2):
-        h, v_new, _ = gluon_transposed.chunk_state_t(k, w, u, G, h0, False)
-        assert torch.equal(h, h_ref) and torch.equal(v_new, v_ref)
+    for groups in (2, 1, 2):
+        h, v_new, _ = gluon_transposed.chunk_state_t(k, w, u, G, h0, False, store_groups=groups)
+        assert torch.equal(h, h_ref) and torch.equal(v_new, v_ref), groups
+
+
+@pytest.mark.gpu
+def test_backward_recompute_on_the_transposed_chain_is_bit_identical(monkeypatch):
+    """The backward's recompute of h and v_new by chunk_state_t where the forward runs this
+    kernel (chunk_bwd.RECOMPUTE_ON_TRANSPOSED_CHAIN) gives the gradients of chunk_state's
+    recompute to the bit (T = 8192, GVA 2, initial state and final-state cotangent)."""
+    from gdn_fused.kernels import chunk_bwd
+    _hopper()
+    q, k, v, g, beta, h0, *_ = forward_intermediates(1, 8192, 2, 4, True, 11)
+    gen = torch.Generator(device="cuda").manual_seed(12)
+    do = torch.randn(v.shape, generator=gen, device="cuda").to(v.dtype)
+    dht = torch.randn(h0.shape, generator=gen, device="cuda")
+    grads = {}
+    for on in (False, True):
+        monkeypatch.setattr(chunk_bwd, "RECOMPUTE_ON_TRANSPOSED_CHAIN", on)
+        grads[on] = chunk_bwd.chunk_gated_delta_rule_bwd(q, k, v, g, beta, 128 ** -0.5, h0,
+                                                          do, dht, None)
+    for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), grads[False], grads[True]):
+        assert torch.equal(a, b), name
 
 
 @pytest.mark.gpu
@@ -309,3 +329,6 @@ def test_state_pass_storing_h(B, T, H, HV, initial_state, gate, segments):
     print(f"\n  chunk_state_t {B, T, H, HV, gate}, {segments} segments: h, v_new, state "
           + ", ".join(f"{e:.2e}" for e in errs))
     assert max(errs) <= (0. if segments == 1 else 1e-2)
+    if segments == 1:  # one store warpgroup instead of two on alternate chunks: the same
+        h1, v1, ht1 = gluon_transposed.chunk_state_t(k, w, u, G, h0, True, store_groups=1)
+        assert torch.equal(h1, h) and torch.equal(v1, v_new) and torch.equal(ht1, ht)
