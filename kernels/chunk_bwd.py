@@ -36,8 +36,9 @@ from gdn_fused.kernels.wu_bwd import wu_bwd
 
 
 # The recompute of h and v_new on the forward's transposed Gluon chain (gluon_transposed.
-# chunk_state_t, two warpgroups storing h and v_new) where the forward runs that kernel:
-# bit-identical to chunk_state (GPU tests). Off until measured faster than chunk_state.
+# chunk_state_t) where the forward runs that kernel: bit-identical to chunk_state (GPU
+# tests), but slower on the H200 (1,170 vs 664 µs at (1, 32768), 607 vs 423 at (8, 4096);
+# the backward 6.47 → 6.97 ms; session 7), so off until chunk_state_t wins.
 RECOMPUTE_ON_TRANSPOSED_CHAIN = False
 
 

@@ -78,8 +78,8 @@ setmaxnreg, chain 232, one output warpgroup: a fifth role does not fit the regis
 1,053–1,086 µs at (1, 32768) against 1,015–1,068 for recompute_w_u and this kernel: the W/U
 products share the tensor cores with a latency-bound chain. ``chunk_state_t`` (``STORE_H``):
 chunk_state's contract for the backward's recompute, the second warpgroup storing h_c and V'
-(132 KB, no spills); bit-identical, but 1,121–1,187 µs against chunk_state's 655: the h
-store reads the transposed tile with scalar 16-bit shared loads and the chain waits for it.
+(132 KB, no spills); bit-identical, but 1,121–1,187 µs against chunk_state's 655, with one
+store warpgroup or two on alternate chunks (``_store_h``).
 """
 import torch
 import triton
@@ -188,7 +188,9 @@ def _store_h(st_bufs, vn_bufs, sv_ready, sv_empty, h, v_new, T, c0, n, i_n, i_hv
     in chunk_state's layouts (h through a transposed view: rows of K, value columns
     contiguous); with GROUPS store warpgroups, this one takes chunks j ≡ group (mod GROUPS).
     (h_c is read transposed from its [BV, K] tile: 64 scalar 16-bit shared loads a thread a
-    chunk, ~1 µs, longer than the chain's step with one group.)"""
+    chunk. One or two store warpgroups time the same, 1,170 µs at (1, 32768): not this
+    role's pace but something it shares with the chain binds — shared-memory bandwidth is the
+    suspect; a TMA store of a [K, BV] copy of h_c would remove the loads.)"""
     K: gl.constexpr = st_bufs.type.shape[2]
     BVr: gl.constexpr = st_bufs.type.shape[1]
     BT: gl.constexpr = vn_bufs.type.shape[1]
