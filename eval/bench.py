@@ -255,7 +255,7 @@ def bench_stages(B=1, T=32768):
             stages["chunk_state_output_t 1 output group"] = lambda: transposed(
                 q, k, w, u, G, 0.1, h0, True, segments=1, output_groups=1)
             # launch variants of the two output warpgroups: Q read by wgmma from the ring
-            # (the stage held until O is stored) and their register budget
+            # (the stage held until O's products have run) and their register budget
             for name, variant in (("q from shared", dict(Q_REGS=False)),
                                   ("q from shared, 120 output registers",
                                    dict(Q_REGS=False, OUT_REGS_TWO=120))):

@@ -29,9 +29,10 @@ and 7):
 - the output warpgroup forms P from its own Q Kᵀ while the chain runs, then O from h_c and V'
   and stores it (TMA from a staging tile). Issuing the output's products from the chain instead
   lengthened each step from ~0.9 to ~1.9 µs (980 µs at (1, 32768)); one output warpgroup
-  882–954 µs. Its chunk (three dependent products, the mask, the store) takes longer than the
-  chain's step, so two output warpgroups take alternate chunks (``OUT_GROUPS = 2``, each with
-  its own ring stage and staging tile): 791–796 µs, the default;
+  878–882 µs holding its ring stage until O's products had run, 946–954 releasing it early.
+  Its chunk (three dependent products, the mask, the store) takes longer than the chain's
+  step, so two output warpgroups take alternate chunks (``OUT_GROUPS = 2``, each with its own
+  ring stage (with 2 stages) and staging tile): 791–796 µs, the default;
 - one producer warp streams q, k, w, u and the chunk's gates by TMA into a 2-stage ring
   (``gluon_ring.load_ring``; a third stage measured no faster). The gates come by TMA, not by
   global loads, because the chain's per-step proxy fence (MEMBAR) waits for every outstanding
@@ -42,9 +43,9 @@ the chain, the output warpgroup owning the chunk, and with WU the W/U warpgroup)
 warpgroup does so once its Q Kᵀ has run (Q stays in registers, ``Q_REGS``), not after O.
 h_c and V' have their own pair of barriers per stage: sv_ready (the chain wrote them),
 sv_empty (the output's products read them). Alone, that early release measured slower
-(878 → 946 µs with one output warpgroup: the hypothesis that the ring's refill waited for the
-output was wrong); with two output warpgroups it is the faster form (796 against 872 µs
-holding the stage, same run), so it is the default.
+(878 → 946 µs with one output warpgroup, in two consecutive device calls: the hypothesis
+that the ring's refill waited for the output was wrong); with two output warpgroups it is
+the faster form (796 against 872 µs holding the stage, same run), so it is the default.
 
 Precision: as chunk_state + chunk_output for bf16 (S and V' rounded to bf16 for their products,
 fp32 accumulation, P in bf16, the state in fp32): o and the final state are bit-identical to
@@ -410,7 +411,8 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
     u_desc are T's [C, C] and v's [C, BV] tiles and g_desc's tiles [2, C] rows of G and β;
     a fourth warpgroup forms W and U on chip. STORE_H (experimental, with OUTPUT off): the
     second warpgroup stores h_c and V' to h and o (as v_new) in chunk_state's layouts.
-    OUT_GROUPS = 2 (with OUTPUT, without WU): two output warpgroups take alternate chunks."""
+    OUT_GROUPS = 2 (with OUTPUT or STORE_H, without WU): two output (or store) warpgroups take
+    alternate chunks."""
     gl.static_assert(OUT_GROUPS == 1 or ((OUTPUT or STORE_H) and not WU),
                      "two output groups need the output or STORE_H")
     gl.static_assert(not (STORE_H and (OUTPUT or MAP)), "STORE_H replaces the output")
@@ -718,8 +720,9 @@ def forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state, se
 
 def chunk_state_t(k, w, u, G, initial_state, output_final_state, segments=1, store_groups=2):
     """Experimental: chunk_state's contract (the backward's recompute of h and v_new) on this
-    kernel's chain, the second warpgroup storing h_c and V' (STORE_H); bit-identical to
-    chunk_state unsplit on the H200, but slower (module docstring), so not routed.
+    kernel's chain, one or two store warpgroups (on alternate chunks) storing h_c and V'
+    (STORE_H); bit-identical to chunk_state unsplit on the H200, but slower (module
+    docstring), so the backward does not route to it (chunk_bwd.RECOMPUTE_ON_TRANSPOSED_CHAIN).
 
     k [B, T, H, 128] bf16; w, u [B, T, HV, 128] bf16; G [B, T, HV]; initial_state
     [B, HV, 128, 128] or None; segments: 1 by default, the bit-identical run (None picks as
@@ -729,11 +732,11 @@ def chunk_state_t(k, w, u, G, initial_state, output_final_state, segments=1, sto
     ValueError as chunk_state_output_t does, and for other store_groups."""
     check_state_inputs("chunk_state_t", k, k, u, G, initial_state, segments,
            (("w", w, HEAD_DIM), ("u", u, HEAD_DIM)))
-    B, T, HV = G.shape
-    h = k.new_empty(B * triton.cdiv(T, CHUNK), HV, HEAD_DIM, HEAD_DIM)
-    if store_groups not in (1, 2) or type(store_groups) is not int:
+    if type(store_groups) is not int or store_groups not in (1, 2):
         raise ValueError(f"chunk_state_t: store_groups must be the int 1 or 2, got "
                          f"{store_groups!r}")
+    B, T, HV = G.shape
+    h = k.new_empty(B * triton.cdiv(T, CHUNK), HV, HEAD_DIM, HEAD_DIM)
     v_new, ht = _launch(k, k, w, u, _gate_rows([G], B, T, HV), 1., initial_state,
                         output_final_state, False, NUM_STAGES, segments, False, h=h,
                         output_groups=store_groups)

@@ -49,14 +49,15 @@ if want gluon; then
   timeout 60 python3 -m pytest -m gpu -q -s -rs tests/test_gluon_wu.py 2>&1 | \
     tee -a "$OUT/gluon_output_tests.log"
   [ "${PIPESTATUS[0]}" = 0 ] || export GDN_BENCH_SKIP_GLUON_WU=1
-  # 24 cases, each segment count its own compiles: 90 s measured with test_gluon_state_output
-  timeout 180 python3 -m pytest -m gpu -q -s -rs -k "not w_u_on_chip and not storing_h" \
+  # 24 cases, each segment count its own compiles: 111 s measured (session 7), plus the
+  # long bit-exactness run and the one-group compiles added since
+  timeout 240 python3 -m pytest -m gpu -q -s -rs -k "not w_u_on_chip and not storing_h" \
     tests/test_gluon_transposed.py 2>&1 | tee -a "$OUT/gluon_output_tests.log"
   # the materialized forward routes through this kernel too: off with it when it fails
   [ "${PIPESTATUS[0]}" = 0 ] || export GDN_BENCH_SKIP_GLUON_T=1 GDN_STATE_OUTPUT_KERNEL=0
   # its experimental modes (forward_t: W/U on chip; chunk_state_t: h and v_new stored) on
   # their own leash
-  timeout 240 python3 -m pytest -m gpu -q -s -rs -k "w_u_on_chip or storing_h" \
+  timeout 300 python3 -m pytest -m gpu -q -s -rs -k "w_u_on_chip or storing_h" \
     tests/test_gluon_transposed.py 2>&1 | tee -a "$OUT/gluon_output_tests.log"
   [ "${PIPESTATUS[0]}" = 0 ] || export GDN_BENCH_SKIP_GLUON_T_EXPERIMENTAL=1
   # the three-launch forward built from them (skipped by its test when a piece fails)
@@ -64,13 +65,15 @@ if want gluon; then
     tee -a "$OUT/gluon_output_tests.log"
   [ "${PIPESTATUS[0]}" = 0 ] || export GDN_BENCH_SKIP_GLUON_FORWARD=1
 fi
-# 2. Every other gpu test.
+# 2. Every other gpu test, after the backward's determinism check (each kernel twice on the
+#    same inputs: the dg / dbeta differences of docs/backward.md, "Determinism").
 if want tests; then
+  timeout 120 python3 -m eval.determinism --warps 2 8 2>&1 | tee "$OUT/gpu_tests.log"
   timeout $(left $HOLD_BENCH) python3 -m pytest -m gpu -q -s -rs --continue-on-collection-errors \
     --ignore=tests/test_gluon_state.py --ignore=tests/test_gluon_state_output.py \
     --ignore=tests/test_gluon_wu.py --ignore=tests/test_gluon_forward.py \
     --ignore=tests/test_gluon_transposed.py \
-    ${KEXPR:+-k "$KEXPR"} ${TESTS:-tests/} 2>&1 | tee "$OUT/gpu_tests.log"
+    ${KEXPR:+-k "$KEXPR"} ${TESTS:-tests/} 2>&1 | tee -a "$OUT/gpu_tests.log"
 fi
 # 3. The benchmark: forward and forward+backward at the anchor shapes, kkt_solve, stages.
 if want bench; then
