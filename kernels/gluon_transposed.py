@@ -473,7 +473,7 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
     else:
         q_bufs = k_bufs  # the output warpgroup runs no chunk then
         ring = ((k_desc, w_desc, u_desc), (k_bufs, w_bufs, u_bufs), (i_h * K, w_col, u_col))
-    # The two calls spell their partitions' arguments out: a tuple kept in a variable turns its
+    # The three calls spell their partitions' arguments out: a tuple kept in a variable turns its
     # constexprs into tensors in Triton 3.6 (the chain's layouts need K, its branches the flags)
     if WU:
         # W and U of each stage, formed by the fourth warpgroup from the ring's T and v
