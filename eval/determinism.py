@@ -1,6 +1,6 @@
 """Which backward kernel varies between runs on the same inputs (GPU).
 
-    python -m eval.determinism [--T 8192] [--warps 2 4 8] [--cpu]
+    python -m eval.determinism [--T 8192] [--warps 2 4 8] [--scratch] [--cpu]
 
 Runs the backward's chain of kernels (kernels/chunk_bwd.py) once to get every intermediate,
 then calls each kernel twice more on those same inputs and prints, per output, the relative
@@ -8,7 +8,9 @@ difference between the two calls (0 means bit-identical). wu_bwd completes dk in
 gets a fresh copy each call. ``--warps`` repeats chunk_bwd_dqkwg and wu_bwd at those
 num_warps: Triton 3.4–3.7.0 miscompiles some gated backward kernels on Hopper (fla issues
 #640 and #984: a transposed MMA-layout operand, num_warps = 4 at a 64-token chunk), and a
-config that varies run to run points at such a miscompilation. ``--cpu`` runs the same chain
+config that varies run to run points at such a miscompilation. ``--scratch`` repeats
+chunk_bwd_dv_local, chunk_bwd_dqkwg and wu_bwd with their transposes of tl.dot results through
+global scratch (kernels/scratch_transpose.py, the workaround). ``--cpu`` runs the same chain
 in fp32 under TRITON_INTERPRET=1 (a check of this script; the interpreter is deterministic).
 """
 import argparse
@@ -33,6 +35,8 @@ def main(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--T", type=int, default=8192)
     p.add_argument("--warps", type=int, nargs="*", default=[])
+    p.add_argument("--scratch", action="store_true",
+                   help="also the transposes through global scratch")
     p.add_argument("--cpu", action="store_true", help="fp32 under the interpreter")
     args = p.parse_args(argv)
     if args.cpu:
@@ -66,12 +70,20 @@ def main(argv=None):
                          ["h", "v_new", "ht"])
     dv_local = _twice("chunk_bwd_dv_local", lambda: (chunk_bwd_dv_local(
         q, k, g, do, scale, C, dot_precision=prec),), ["dv_local"])[0]
+    if args.scratch:
+        _twice("chunk_bwd_dv_local scratch", lambda: (chunk_bwd_dv_local(
+            q, k, g, do, scale, C, dot_precision=prec, transpose_scratch=True),), ["dv_local"])
     dh, dv2, _ = _twice("chunk_bwd_state", lambda: chunk_bwd_state(
         q, k, w, g, do, dv_local, scale, dht, h0, C, B, dot_precision=prec),
         ["dh", "dv2", "dh0"])
-    for warps in [None] + args.warps:
-        launch = {} if warps is None else dict(num_warps=warps)
-        tag = "" if warps is None else f" num_warps={warps}"
+    variants = [(None, False)] + [(w, False) for w in args.warps]
+    if args.scratch:
+        variants.append((None, True))
+    for warps, scratch in variants:
+        launch = dict(transpose_scratch=scratch)
+        if warps is not None:
+            launch["num_warps"] = warps
+        tag = ("" if warps is None else f" num_warps={warps}") + (" scratch" if scratch else "")
         dq, dk, dw, dg_part = _twice(f"chunk_bwd_dqkwg{tag}", lambda: chunk_bwd_dqkwg(
             q, k, v_new, h, dh, g, do, dv2, scale, C, dot_precision=prec, **launch),
             ["dq", "dk", "dw", "dg_part"])

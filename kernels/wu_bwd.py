@@ -22,13 +22,15 @@ from gdn_fused.kernels.chunk_gate import chunk_log_decay, decay
 from gdn_fused.kernels.chunk_gate_bwd import chunk_gate_bwd
 from gdn_fused.kernels.chunk_index import chunk_head_grid, chunk_head_program
 from gdn_fused.kernels.kkt_bwd import gated_kkt_bwd_gates, gated_kkt_bwd_keys, kkt_solve_bwd
+from gdn_fused.kernels.scratch_transpose import scratch_tiles
 
 
 @triton.jit
 def wu_bwd_kernel(k, v, g, beta, Ai, dw, dv2, dk, dg_part, dv, dbeta, dg, cu_seqlens,
-                  chunk_indices, T, s_dgp, NK: tl.constexpr, H: tl.constexpr, HV: tl.constexpr,
-                  K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                  BV: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr):
+                  chunk_indices, T, s_dgp, scratch, NK: tl.constexpr, H: tl.constexpr,
+                  HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                  BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr,
+                  DOT_PREC: tl.constexpr, TRANS_SCRATCH: tl.constexpr = False):
     i_t, i_hv, i_h, bos, seqlen = chunk_head_program(T, cu_seqlens, chunk_indices, H, HV, BT,
                                                      IS_VARLEN)
     p_T = tl.make_block_ptr(Ai + (bos * HV + i_hv) * BT, (seqlen, BT), (HV * BT, 1),
@@ -96,7 +98,7 @@ def wu_bwd_kernel(k, v, g, beta, Ai, dw, dv2, dk, dg_part, dv, dbeta, dg, cu_seq
         # Tᵀ dW again rather than a [C, K] round trip through HBM from the first pass
         b_dk = tl.load(p_dk, boundary_check=(0, 1), padding_option="zero") \
             + tl.dot(b_Tt, b_dw, input_precision=DOT_PREC) * b_bg[:, None] \
-            + gated_kkt_bwd_keys(b_E, b_k, b_beta, DOT_PREC)
+            + gated_kkt_bwd_keys(b_E, b_k, b_beta, DOT_PREC, scratch, TRANS_SCRATCH)
         tl.store(p_dk, b_dk.to(p_dk.dtype.element_ty), boundary_check=(0, 1))
     p_db = tl.make_block_ptr(dbeta + bos * HV + i_hv, (seqlen,), (HV,), (i_t * BT,), (BT,), (0,))
     p_dg = tl.make_block_ptr(dg + bos * HV + i_hv, (seqlen,), (HV,), (i_t * BT,), (BT,), (0,))
@@ -105,7 +107,8 @@ def wu_bwd_kernel(k, v, g, beta, Ai, dw, dv2, dk, dg_part, dv, dbeta, dg, cu_seq
 
 
 def wu_bwd(k, v, g, beta, Ai, dw, dv2, dk, dg_part, chunk_size, cu_seqlens=None,
-           chunk_indices=None, num_chunks=None, dot_precision="ieee", block_v=None, **launch):
+           chunk_indices=None, num_chunks=None, dot_precision="ieee", block_v=None,
+           transpose_scratch=False, **launch):
     """Finish the per-value-head gradients of a chunk.
 
     Args:
@@ -116,7 +119,9 @@ def wu_bwd(k, v, g, beta, Ai, dw, dv2, dk, dg_part, chunk_size, cu_seqlens=None,
     Returns:
         ``(dv like v, dbeta like beta, dg like g)``; a packed buffer's tail past
         cu_seqlens[-1] is exactly 0. ``block_v`` (value columns a loop step) and ``launch``
-        (num_warps, num_stages) override the defaults for launch sweeps.
+        (num_warps, num_stages) override the defaults for launch sweeps;
+        ``transpose_scratch``: Eᵀ through global scratch (kernels/scratch_transpose.py; opt-in
+        A/B).
     """
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
@@ -128,9 +133,13 @@ def wu_bwd(k, v, g, beta, Ai, dw, dv2, dk, dg_part, chunk_size, cu_seqlens=None,
     dg = alloc(beta.shape, dtype=g.dtype, device=v.device)
     NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, chunk_size)
     # dg_part's key blocks are dg_part.stride(0) apart (B·T·HV)
-    wu_bwd_kernel[chunk_head_grid(NT, B, HV)](
+    grid = chunk_head_grid(NT, B, HV)
+    wu_bwd_kernel[grid](
         k, v, g, beta, Ai, dw, dv2, dk, dg_part, dv, dbeta, dg, cu_seqlens, chunk_indices, T,
-        dg_part.stride(0), NK=NK, H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK,
+        dg_part.stride(0),
+        scratch_tiles(transpose_scratch, grid, chunk_size, chunk_size, k.dtype, k.device),
+        NK=NK, H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK,
         BV=block_v or min(64, max(16, triton.next_power_of_2(V))),
-        IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision, **launch)
+        IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision,
+        TRANS_SCRATCH=transpose_scratch, **launch)
     return dv, dbeta, dg

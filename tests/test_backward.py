@@ -97,6 +97,22 @@ def test_backward_fp32(case):
             assert torch.equal(d[0, end:], torch.zeros_like(d[0, end:])), name
 
 
+@pytest.mark.parametrize("case", [CASES[1], CASES[4], CASES[6]],
+                         ids=[CASES[i][0] for i in (1, 4, 6)])
+def test_transposes_through_scratch_give_the_same_gradients(case, monkeypatch):
+    """chunk_bwd.TRANSPOSE_SCRATCH (Pᵀ, Mᵀ and Eᵀ through per-program global scratch tiles:
+    kernels/scratch_transpose.py, the opt-in workaround for a Triton Hopper miscompilation)
+    gives the gradients of tl.trans to the bit: a transpose is exact, so any difference is a
+    wrong tile index or a missing barrier."""
+    from gdn_fused.kernels import chunk_bwd
+    xs, do, dht, cu = inputs(case, torch.float32, "cpu")
+    base = triton_grads(xs, do, dht, cu, case[-1])
+    monkeypatch.setattr(chunk_bwd, "TRANSPOSE_SCRATCH", True)
+    got = triton_grads(xs, do, dht, cu, case[-1])
+    for name, a, b in zip(NAMES, base, got):
+        assert a is None or torch.equal(a, b), name
+
+
 def test_backward_two_key_blocks(monkeypatch):
     """K split into two key blocks (the GPU's K = 128 at 64 a block; 16 here) with two batch
     rows: the per-block partial dg is read back at the right key block and batch row."""
@@ -199,6 +215,24 @@ def test_backward_bf16_gpu(case, backend):
     if cu is not None:
         end = case[9][-1]
         assert all(torch.equal(d[0, end:], torch.zeros_like(d[0, end:])) for d in got[:5])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES[:4], ids=[c[0] for c in GPU_CASES[:4]])
+def test_backward_bf16_gpu_transposes_through_scratch(case, monkeypatch):
+    """The opt-in scratch transposes on the GPU: within the bf16 bounds against fp64, and
+    run twice the same to the bit (the default's dg / dbeta are not: docs/backward.md)."""
+    from gdn_fused.kernels import chunk_bwd
+    monkeypatch.setattr(chunk_bwd, "TRANSPOSE_SCRATCH", True)
+    xs, do, dht, cu = inputs(case, torch.bfloat16, "cuda")
+    got = triton_grads(xs, do, dht, cu, case[-1])
+    err = errors(got, case_truth(case, xs, do, dht, cu))
+    again = triton_grads(xs, do, dht, cu, case[-1])
+    same = {n: torch.equal(a, b) for n, a, b in zip(NAMES, got, again) if a is not None}
+    print(f"backward bf16 scratch transposes {case[0]}: "
+          + " ".join(f"{n} {e:.1e}" for n, e in err.items()) + f"; run twice equal: {same}")
+    assert all(err[n] <= GPU_BOUND[n] for n in err), err
+    assert all(same.values()), same
 
 
 @pytest.mark.gpu
