@@ -72,6 +72,12 @@ def load_fla():
         return None, None
 
 
+def rel_diff(x, ref):
+    """‖x − ref‖ / ‖ref‖ in fp32 (Frobenius; the difference taken in fp32, not in x's dtype):
+    how far a kernel's output is from another's."""
+    return ((x.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
 def bench_forward(shapes, bandwidth, fla_chunk, backward):
     import triton
     from gdn_fused import chunk_gated_delta_rule
@@ -115,8 +121,7 @@ def bench_forward(shapes, bandwidth, fla_chunk, backward):
                 o_g, _ = gluon(q, k, v, g, beta, DIM ** -0.5, h0, True)
                 o_m, _ = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0,
                                                 backend="materialized")
-                row["gluon_rel_diff_vs_materialized"] = (
-                    (o_g - o_m).float().norm() / o_m.float().norm()).item()
+                row["gluon_rel_diff_vs_materialized"] = rel_diff(o_g, o_m)
                 row["gluon_ms"] = triton.testing.do_bench(
                     lambda: gluon(q, k, v, g, beta, DIM ** -0.5, h0, True),
                     return_mode="median")
@@ -213,8 +218,8 @@ def bench_stages(B=1, T=32768):
         try:
             h_g, v_new_g, _ = gluon(k, w, u, G, h0, True)
             print("chunk_state_gluon rel err vs chunk_state: h "
-                  f"{((h_g.float() - h.float()).norm() / h.float().norm()).item():.2e}, v_new "
-                  f"{((v_new_g - v_new).float().norm() / v_new.float().norm()).item():.2e}",
+                  f"{rel_diff(h_g, h):.2e}, v_new "
+                  f"{rel_diff(v_new_g, v_new):.2e}",
                   flush=True)
             stages["chunk_state_gluon"] = lambda: gluon(k, w, u, G, h0, True)
         except Exception as e:  # experimental: report, keep the other numbers
@@ -232,7 +237,7 @@ def bench_stages(B=1, T=32768):
         try:
             o_g, _ = fused_out(q, k, w, u, G, 0.1, h0, True)
             print("chunk_state_output_gluon rel err vs chunk_state + chunk_output: o "
-                  f"{((o_g - o_ref).float().norm() / o_ref.float().norm()).item():.2e}",
+                  f"{rel_diff(o_g, o_ref):.2e}",
                   flush=True)
             stages["chunk_state_output_gluon"] = lambda: fused_out(q, k, w, u, G, 0.1, h0, True)
         except Exception as e:  # experimental: report, keep the other numbers
@@ -246,7 +251,7 @@ def bench_stages(B=1, T=32768):
         try:
             o_t, _ = transposed(q, k, w, u, G, 0.1, h0, True, segments=1)
             print("chunk_state_output_t rel err vs chunk_state + chunk_output: o "
-                  f"{((o_t - o_ref).float().norm() / o_ref.float().norm()).item():.2e}",
+                  f"{rel_diff(o_t, o_ref):.2e}",
                   flush=True)
             stages["chunk_state_output_t"] = lambda: transposed(q, k, w, u, G, 0.1, h0, True,
                                                                 segments=1)
@@ -261,7 +266,7 @@ def bench_stages(B=1, T=32768):
                                    dict(Q_REGS=False, OUT_REGS_TWO=120))):
                 o_v, _ = transposed(q, k, w, u, G, 0.1, h0, True, segments=1, variant=variant)
                 print(f"chunk_state_output_t {name}: rel diff from the default o "
-                      f"{((o_v - o_t).float().norm() / o_t.float().norm()).item():.2e}",
+                      f"{rel_diff(o_v, o_t):.2e}",
                       flush=True)
                 stages[f"chunk_state_output_t {name}"] = (
                     lambda variant=variant: transposed(q, k, w, u, G, 0.1, h0, True,
@@ -281,8 +286,8 @@ def bench_stages(B=1, T=32768):
         try:
             h_t, v_new_t, _ = state_t(k, w, u, G, h0, True, segments=1)
             print("chunk_state_t rel diff vs chunk_state: h "
-                  f"{((h_t - h).float().norm() / h.float().norm()).item():.2e}, v_new "
-                  f"{((v_new_t - v_new).float().norm() / v_new.float().norm()).item():.2e}",
+                  f"{rel_diff(h_t, h):.2e}, v_new "
+                  f"{rel_diff(v_new_t, v_new):.2e}",
                   flush=True)
             stages["chunk_state_t"] = lambda: state_t(k, w, u, G, h0, True, segments=1)
             stages["chunk_state_t 1 store group"] = lambda: state_t(k, w, u, G, h0, True,
@@ -295,7 +300,7 @@ def bench_stages(B=1, T=32768):
         try:
             o_f, _ = forward_t(q, k, v, G, beta, Ai, 0.1, h0, True)
             print("forward_t rel diff vs recompute_w_u + chunk_state + chunk_output: o "
-                  f"{((o_f - o_ref).float().norm() / o_ref.float().norm()).item():.2e}",
+                  f"{rel_diff(o_f, o_ref):.2e}",
                   flush=True)
             stages["recompute_w_u + chunk_state_output_t"] = lambda: transposed(
                 q, k, *recompute_w_u(k, v, G, beta, Ai, dot_precision=prec), G, 0.1, h0, True)
@@ -310,8 +315,8 @@ def bench_stages(B=1, T=32768):
         try:
             w_g, u_g = wu(k, v, G, beta)
             print("wu_gluon rel err vs kkt_solve_from_k + recompute_w_u: w "
-                  f"{((w_g - w).float().norm() / w.float().norm()).item():.2e}, u "
-                  f"{((u_g - u).float().norm() / u.float().norm()).item():.2e}", flush=True)
+                  f"{rel_diff(w_g, w):.2e}, u "
+                  f"{rel_diff(u_g, u):.2e}", flush=True)
             stages["kkt_solve_from_k + recompute_w_u"] = lambda: recompute_w_u(
                 k, v, G, beta, kkt_solve_from_k(k, G, beta, HV, CHUNK, torch.bfloat16),
                 dot_precision=prec)
@@ -454,9 +459,6 @@ def sweep_fused(shapes):
     from gdn_fused.kernels.fused_fwd import fused_fwd, precomputed_inverse
     default_route = kkt_solve_module.A_THROUGH_HBM
 
-    def rel(a, b):
-        return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
     for i, (B, T) in enumerate(shapes):
         q, k, v, g, beta, h0 = make_inputs(B, T)
         o_m, ht_m = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0,
@@ -478,7 +480,7 @@ def sweep_fused(shapes):
                                    CHUNK, **kw)
             try:
                 o, ht = fn()
-                diff = dict(diff_o=rel(o, o_m), diff_state=rel(ht, ht_m))
+                diff = dict(diff_o=rel_diff(o, o_m), diff_state=rel_diff(ht, ht_m))
                 ms = triton.testing.do_bench(fn, return_mode="median")
             except Exception as e:
                 print(f"fused {kw} at B={B}, T={T} failed: {e!r}", flush=True)

@@ -34,6 +34,8 @@ import torch
 
 from gdn_fused.layer import A_INIT_RANGE, DT_INIT_FLOOR, DT_INIT_RANGE
 
+from .bench import rel_diff
+
 # Qwen3-Next-80B-A3B (config.json of Qwen/Qwen3-Next-80B-A3B-Instruct)
 HIDDEN, QK_HEADS, V_HEADS, HEAD_DIM, CONV, VOCAB = 2048, 16, 32, 128, 4, 151936
 ATTN_HEADS, KV_HEADS, ATTN_HEAD_DIM = 16, 2, 256
@@ -148,10 +150,6 @@ def measure(model, ids, decode_ids, reps: int, device) -> dict:
             "prefill_logits": runs[-1][1].logits[:, -1], "decode_logits": out.logits[:, -1]}
 
 
-def _rel(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prefill", type=int, default=8192, help="prompt tokens (B = 1)")
@@ -193,8 +191,8 @@ def main(argv=None):
     print(f"| speed-up | {hf['prefill'] / ours['prefill']:.2f}x | | "
           f"{hf['decode'] / ours['decode']:.2f}x | | {hf['layer'] / ours['layer']:.2f}x |")
     print("\nrelative logit difference ours vs fallback: last prefill position "
-          f"{_rel(ours['prefill_logits'], hf['prefill_logits']):.2e}, last decode step "
-          f"{_rel(ours['decode_logits'], hf['decode_logits']):.2e}")
+          f"{rel_diff(ours['prefill_logits'], hf['prefill_logits']):.2e}, last decode step "
+          f"{rel_diff(ours['decode_logits'], hf['decode_logits']):.2e}")
 
 if __name__ == "__main__":
     main()

@@ -12,20 +12,18 @@ config that varies run to run points at such a miscompilation. ``--scratch`` rep
 chunk_bwd_dv_local, chunk_bwd_dqkwg and wu_bwd with their transposes of tl.dot results through
 global scratch (kernels/scratch_transpose.py, the workaround). ``--cpu`` runs the same chain
 in fp32 under TRITON_INTERPRET=1 (a check of this script; the interpreter is deterministic).
+Run it from the repository root: its inputs and error measure are tests/cases.py's.
 """
 import argparse
 
 import torch
 
 
-def _diff(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
-
-
 def _twice(name, fn, names):
     """fn() twice; one line with each output's relative difference between the calls."""
+    from tests.cases import rel_err
     first, second = fn(), fn()
-    diffs = {n: f"{_diff(x, y):.1e}" for n, x, y in zip(names, first, second) if x is not None}
+    diffs = {n: f"{rel_err(x, y):.1e}" for n, x, y in zip(names, first, second) if x is not None}
     print(f"{name}: {diffs}", flush=True)
     return first
 

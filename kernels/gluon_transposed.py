@@ -609,6 +609,14 @@ def check_state_inputs(name, q, k, v, G, initial_state, segments, tiles):
         raise ValueError(f"{name}: segments must be a positive int, got {segments!r}")
 
 
+def _check_groups(name, arg, groups, num_stages):
+    """ValueError unless ``groups`` (the value of argument ``arg``) is the int 1 or 2 and
+    divides num_stages (each output or store warpgroup owns whole ring stages)."""
+    if type(groups) is not int or groups not in (1, 2) or num_stages % groups:
+        raise ValueError(f"{name}: {arg} must be the int 1 or 2 and divide "
+                         f"num_stages={num_stages}, got {groups!r}")
+
+
 def _gate_rows(rows, B, T, HV):
     """[B·HV·R, NT·C] fp64 from R gate tensors [B, T, HV] (sequence-major, then head, then
     the R rows): a chunk's gates are one TMA box, zero past T, and the row stride is whole
@@ -685,12 +693,10 @@ def chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state
     Math: the chunkwise Gated DeltaNet forward (Yang, Kautz & Hatamizadeh, arXiv:2412.06464,
     §3.3)."""
     check_state_inputs("chunk_state_output_t", q, k, u, G, initial_state, segments,
-           (("w", w, HEAD_DIM), ("u", u, HEAD_DIM)))
+                       (("w", w, HEAD_DIM), ("u", u, HEAD_DIM)))
     B, T, HV = G.shape
     groups = output_groups if output else 1  # the state pass alone has no output warpgroup
-    if type(groups) is not int or groups not in (1, 2) or num_stages % groups:
-        raise ValueError(f"chunk_state_output_t: output_groups must be the int 1 or 2 and "
-                         f"divide num_stages={num_stages}, got {output_groups!r}")
+    _check_groups("chunk_state_output_t", "output_groups", groups, num_stages)
     if variant is not None and not set(variant) <= VARIANT_KEYS:
         raise ValueError(f"chunk_state_output_t: variant keys must be among "
                          f"{sorted(VARIANT_KEYS)}, got {sorted(variant)}")
@@ -710,7 +716,7 @@ def forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state, se
     Returns (o [B, T, HV, 128] bf16, final state fp32 or None); raises ValueError as
     chunk_state_output_t does (naming v and Ai)."""
     check_state_inputs("forward_t", q, k, v, G, initial_state, segments,
-           (("v", v, HEAD_DIM), ("Ai", Ai, CHUNK)))
+                       (("v", v, HEAD_DIM), ("Ai", Ai, CHUNK)))
     if beta.shape != G.shape:
         raise ValueError(f"forward_t: beta {tuple(beta.shape)} is not {tuple(G.shape)}")
     B, T, HV = G.shape
@@ -731,10 +737,8 @@ def chunk_state_t(k, w, u, G, initial_state, output_final_state, segments=1, sto
     2). Returns (h [B·NT, HV, 128, 128] bf16, v_new like u, final state fp32 or None); raises
     ValueError as chunk_state_output_t does, and for other store_groups."""
     check_state_inputs("chunk_state_t", k, k, u, G, initial_state, segments,
-           (("w", w, HEAD_DIM), ("u", u, HEAD_DIM)))
-    if type(store_groups) is not int or store_groups not in (1, 2):
-        raise ValueError(f"chunk_state_t: store_groups must be the int 1 or 2, got "
-                         f"{store_groups!r}")
+                       (("w", w, HEAD_DIM), ("u", u, HEAD_DIM)))
+    _check_groups("chunk_state_t", "store_groups", store_groups, NUM_STAGES)
     B, T, HV = G.shape
     h = k.new_empty(B * triton.cdiv(T, CHUNK), HV, HEAD_DIM, HEAD_DIM)
     v_new, ht = _launch(k, k, w, u, _gate_rows([G], B, T, HV), 1., initial_state,

@@ -5,11 +5,12 @@
       → h, V' = chunk_state(W, U) → o = chunk_output(q, k, V', h)
 
 On Hopper, for dense bf16 batches of 8,192+ tokens with K = V = 128 and chunk 64, the last
-two run as one Gluon kernel (kernels/gluon_transposed.py) that keeps h and V' on chip: the same products with
-the same roundings (unsplit, o and the final state are bit-identical to theirs in its GPU
-tests), 25 % less time at B = 1, T = 32768 (H200: 882 µs against 658 + 524); from 512 chunks
-at small B·HV it cuts each sequence in two (777 µs there; exact composition of the segment
-maps, equally close to the fp64 truth but not bit-identical where heads do not decay).
+two run as one Gluon kernel (kernels/gluon_transposed.py) that keeps h and V' on chip: the
+same products with the same roundings (unsplit, o and the final state are bit-identical to
+theirs in its GPU tests), a third less time at B = 1, T = 32768 (H200, session 7: 796 µs
+against 1,180 for the pair); from 512 chunks at small B·HV it cuts each sequence in two
+(708 µs there; exact composition of the segment maps, equally close to the fp64 truth but
+not bit-identical where heads do not decay).
 """
 import os
 
