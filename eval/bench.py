@@ -338,19 +338,22 @@ def bench_stages(B=1, T=32768):
 # the H200 on 2026-11-30 at (1, 32768): chunk_bwd_state BV 16 / 32 / 64 1,563 / 934 / 1,675 µs
 # (32 taken); chunk_bwd_dqkwg 1,836 µs and wu_bwd 1,352 µs at 4 warps, 64 value columns a step
 # and Triton's stages, against 8 warps 2,809 / 2,278, 32 columns 1,876 / 1,341, one stage
-# 2,059 / 1,359, three stages 1,835 / 1,362.
-BWD_VARIANTS = [("chunk_bwd_state", dict(block_v=bv)) for bv in (16, 64)]
+# 2,059 / 1,359, three stages 1,835 / 1,362. wu_bwd's pipelined stages read refilled tiles
+# (wu_bwd.STAGES: one stage since session 8); its rows with 8 warps and with Triton's 3 stages
+# (miscompiled, timed only for what the pipelining would be worth) stay beside the default.
+BWD_VARIANTS = [("chunk_bwd_state", dict(block_v=bv)) for bv in (16, 64)] + [
+    ("wu_bwd", dict(num_warps=8)), ("wu_bwd", dict(num_stages=3))]
 # Shared memory and registers (eval.ptxas, sm_90a, K = V = 128): chunk_state's three stages
 # take 117 KB (one program an SM: 8 warps an SM at B·HV ≥ 132), two 81 KB; chunk_output holds
 # 150 registers at 4 warps (3 programs an SM), chunk_bwd_dqkwg 255 at 4 warps with 105 KB of
-# stages (2 an SM), wu_bwd 255 with spills.
+# stages (2 an SM), wu_bwd 255 with spills (at 3 stages; one since session 8).
 LAUNCH_VARIANTS = (
     [("chunk_state", dict(block_v=bv, num_stages=st)) for bv in (32, 64) for st in (1, 2)]
     + [("chunk_output", dict(num_warps=8)), ("chunk_output", dict(num_stages=1))]
     + [("chunk_bwd_state", dict(num_stages=st)) for st in (1, 2)]
     + [("chunk_bwd_dqkwg", kw) for kw in (dict(block_k=32), dict(block_k=32, block_v=32),
                                           dict(num_stages=2))]
-    + [("wu_bwd", dict(num_stages=2)), ("recompute_w_u", dict(num_warps=4))])
+    + [("wu_bwd", dict(num_warps=8)), ("recompute_w_u", dict(num_warps=4))])
 
 
 def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS):

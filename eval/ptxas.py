@@ -58,17 +58,17 @@ def missing_arguments(fn, signature: dict, constexprs: dict) -> list[str]:
     return [n for n in fn.arg_names if n not in known]
 
 
-def compile_report(fn, signature: dict, constexprs: dict, arch: int = 90, **options) -> dict:
-    """Compile ``fn`` for ``cuda:<arch>`` (sm_90 → sm_90a) on this machine and run ``ptxas -v``.
+def compile_for(fn, signature: dict, constexprs: dict, arch: int = 90, **options):
+    """Compile ``fn`` for ``cuda:<arch>`` (sm_90 → sm_90a) on this machine, no GPU needed;
+    returns triton's CompiledKernel (``.asm["ttgir"]``, ``["ptx"]``, ``.metadata``).
 
     signature: the type of each runtime argument by name ("*bf16", "i32", "fp32", ...,
     :func:`tensordesc` for a Gluon TMA descriptor);
     constexprs: the value of each constexpr argument by name (those with a default in the
-    kernel may be left out); options: launch options
-    (num_warps, num_stages, maxnreg). Returns registers and spill/stack bytes per thread, static
-    shared memory bytes, and :func:`ptx_features`. Raises triton's CompilationError for code
-    that does not compile, ValueError for an argument named in neither dict, TypeError for a
-    kernel defined under TRITON_INTERPRET=1 (an interpreted function cannot be compiled)."""
+    kernel may be left out); options: launch options (num_warps, num_stages, maxnreg).
+    Raises triton's CompilationError for code that does not compile, ValueError for an
+    argument named in neither dict, TypeError for a kernel defined under TRITON_INTERPRET=1
+    (an interpreted function cannot be compiled)."""
     import triton
     if not hasattr(fn, "cache_key"):
         raise TypeError(f"{getattr(fn, 'arg_names', fn)!r}: not a compiled-mode kernel; import "
@@ -89,8 +89,15 @@ def compile_report(fn, signature: dict, constexprs: dict, arch: int = 90, **opti
     # the hint loads and stores are not vectorised and the report would not match the GPU's
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items()
              if t.startswith("*")}
-    compiled = triton.compile(source(fn, sig, constexprs=consts, attrs=attrs),
-                              target=GPUTarget("cuda", arch, 32), options=options)
+    return triton.compile(source(fn, sig, constexprs=consts, attrs=attrs),
+                          target=GPUTarget("cuda", arch, 32), options=options)
+
+
+def compile_report(fn, signature: dict, constexprs: dict, arch: int = 90, **options) -> dict:
+    """:func:`compile_for`, then ``ptxas -v`` on its PTX: registers and spill/stack bytes per
+    thread, static shared memory bytes, and :func:`ptx_features` (same arguments and errors)."""
+    import triton
+    compiled = compile_for(fn, signature, constexprs, arch, **options)
     ptx = compiled.asm["ptx"]
     gpu_name = f"sm_{arch}a" if arch == 90 else f"sm_{arch}"
     with tempfile.TemporaryDirectory() as tmp:

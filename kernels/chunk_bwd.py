@@ -40,11 +40,6 @@ from gdn_fused.kernels.wu_bwd import wu_bwd
 # tests), but slower on the H200 (1,170 vs 664 µs at (1, 32768), 607 vs 423 at (8, 4096);
 # the backward 6.47 → 6.97 ms; session 7), so off until chunk_state_t wins.
 RECOMPUTE_ON_TRANSPOSED_CHAIN = False
-# The three transposes of tl.dot results (Pᵀ, Mᵀ, Eᵀ) through global scratch tiles instead of
-# tl.trans (kernels/scratch_transpose.py): the workaround for a Triton 3.4–3.7.0 Hopper
-# miscompilation, opt-in until the GPU shows whether the dg / dbeta run-to-run differences
-# come from it (docs/backward.md, "Determinism (open)").
-TRANSPOSE_SCRATCH = False
 
 
 def recompute_states(q, k, w, u, G, initial_state, chunk_size, N, cu_seqlens, chunk_offsets,
@@ -93,19 +88,17 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, initial_state, do, dht, 
                                 chunk_offsets, idx["num_chunks"], prec)
     del u
     # the backward proper
-    dv_local = chunk_bwd_dv_local(q, k, g, do, scale, chunk_size, dot_precision=prec,
-                                  transpose_scratch=TRANSPOSE_SCRATCH, **idx)
+    dv_local = chunk_bwd_dv_local(q, k, g, do, scale, chunk_size, dot_precision=prec, **idx)
     dh, dv2, dh0 = chunk_bwd_state(q, k, w, g, do, dv_local, scale, dht, initial_state,
                                    chunk_size, N, cu_seqlens=cu_seqlens,
                                    chunk_offsets=chunk_offsets, num_chunks=idx["num_chunks"],
                                    dot_precision=prec)
     del dv_local
     dq, dk, dw, dg_part = chunk_bwd_dqkwg(q, k, v_new, h, dh, g, do, dv2, scale, chunk_size,
-                                     chunk_offsets=chunk_offsets, dot_precision=prec,
-                                     transpose_scratch=TRANSPOSE_SCRATCH, **idx)
+                                     chunk_offsets=chunk_offsets, dot_precision=prec, **idx)
     del h, dh, v_new
     dv, dbeta, dg = wu_bwd(k, v, g, beta, Ai, dw, dv2, dk, dg_part, chunk_size,
-                           dot_precision=prec, transpose_scratch=TRANSPOSE_SCRATCH, **idx)
+                           dot_precision=prec, **idx)
     group = HV // H
     dq = dq.view(B, T, H, group, K).sum(3).to(q.dtype)
     dk = dk.view(B, T, H, group, K).sum(3).to(k.dtype)

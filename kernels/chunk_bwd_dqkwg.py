@@ -25,7 +25,6 @@ from gdn_fused.kernels.chunk_gate import chunk_log_decay, decay, gated_decay
 from gdn_fused.kernels.chunk_gate_bwd import chunk_gate_bwd
 from gdn_fused.kernels.chunk_index import (chunk_head_grid, chunk_program, first_chunk,
                                            grid_position)
-from gdn_fused.kernels.scratch_transpose import scratch_tiles, transpose_tile
 
 BLOCK_K = 64  # key columns per program: three [C, 64] fp32 accumulators fit in registers
 
@@ -37,10 +36,10 @@ def key_block(K: int) -> int:
 
 @triton.jit
 def chunk_bwd_dqkwg_kernel(q, k, v_new, h, dh, g, do, dv2, dq, dk, dw, dg, cu_seqlens,
-                           chunk_indices, chunk_offsets, scale, T, s_dg, scratch, H: tl.constexpr,
+                           chunk_indices, chunk_offsets, scale, T, s_dg, H: tl.constexpr,
                            HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                            BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr,
-                           DOT_PREC: tl.constexpr, TRANS_SCRATCH: tl.constexpr = False):
+                           DOT_PREC: tl.constexpr):
     i_k, i_bh, i_tg = grid_position(T, HV, BT, IS_VARLEN, (K + BK - 1) // BK)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
@@ -102,7 +101,7 @@ def chunk_bwd_dqkwg_kernel(q, k, v_new, h, dh, g, do, dv2, dq, dk, dw, dg, cu_se
     b_dg = chunk_gate_bwd(b_a, b_Z, BT)
     b_P = b_P.to(b_q.dtype)
     b_dq += tl.dot(b_P, b_k, input_precision=DOT_PREC)
-    b_dk += tl.dot(transpose_tile(b_P, scratch, TRANS_SCRATCH), b_q, input_precision=DOT_PREC)
+    b_dk += tl.dot(tl.trans(b_P), b_q, input_precision=DOT_PREC)
     p_dq = tl.make_block_ptr(dq + (bos * HV + i_hv) * K, (seqlen, K), (HV * K, 1),
                              (i_t * BT, i_k * BK), (BT, BK), (1, 0))
     p_dk = tl.make_block_ptr(dk + (bos * HV + i_hv) * K, (seqlen, K), (HV * K, 1),
@@ -119,8 +118,7 @@ def chunk_bwd_dqkwg_kernel(q, k, v_new, h, dh, g, do, dv2, dq, dk, dw, dg, cu_se
 
 def chunk_bwd_dqkwg(q, k, v_new, h, dh, g, do, dv2, scale, chunk_size, cu_seqlens=None,
                     chunk_indices=None, chunk_offsets=None, num_chunks=None,
-                    dot_precision="ieee", block_v=None, block_k=None, transpose_scratch=False,
-                    **launch):
+                    dot_precision="ieee", block_v=None, block_k=None, **launch):
     """Gradients through the output and the state update, per chunk and value head.
 
     Args:
@@ -132,8 +130,7 @@ def chunk_bwd_dqkwg(q, k, v_new, h, dh, g, do, dv2, scale, chunk_size, cu_seqlen
         dg [NK, B, T, HV] fp32 — per-token, per key block, partial)``, per value head (GVA
         sums later). ``block_v`` (value columns a loop step), ``block_k`` (key columns a
         program; dg then has K / block_k blocks) and ``launch`` (num_warps, num_stages)
-        override the defaults for launch sweeps; ``transpose_scratch``: Pᵀ through global
-        scratch (kernels/scratch_transpose.py; opt-in A/B).
+        override the defaults for launch sweeps.
     """
     B, T, H, K = q.shape
     HV, V = do.shape[2], do.shape[3]
@@ -145,13 +142,9 @@ def chunk_bwd_dqkwg(q, k, v_new, h, dh, g, do, dv2, scale, chunk_size, cu_seqlen
     dw = alloc(B, T, HV, K, dtype=k.dtype, device=q.device)
     dg = alloc(NK, B, T, HV, dtype=torch.float32, device=q.device)
     NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, chunk_size)
-    grid = chunk_head_grid(NT, B, HV, NK)
-    chunk_bwd_dqkwg_kernel[grid](
+    chunk_bwd_dqkwg_kernel[chunk_head_grid(NT, B, HV, NK)](
         q, k, v_new, h, dh, g, do, dv2, dq, dk, dw, dg, cu_seqlens, chunk_indices, chunk_offsets,
-        scale, T, dg.stride(0),
-        scratch_tiles(transpose_scratch, grid, chunk_size, chunk_size, q.dtype, q.device),
-        H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK,
+        scale, T, dg.stride(0), H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK,
         BV=block_v or min(64, max(16, triton.next_power_of_2(V))),
-        IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision,
-        TRANS_SCRATCH=transpose_scratch, **launch)
+        IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision, **launch)
     return dq, dk, dw, dg

@@ -11,15 +11,14 @@ import triton.language as tl
 
 from gdn_fused.kernels.chunk_gate import chunk_log_decay, gated_decay
 from gdn_fused.kernels.chunk_index import chunk_head_grid, chunk_head_program
-from gdn_fused.kernels.scratch_transpose import scratch_tiles, transpose_tile
 
 
 @triton.jit
-def chunk_bwd_dv_local_kernel(q, k, g, do, dv, cu_seqlens, chunk_indices, scale, T, scratch,
+def chunk_bwd_dv_local_kernel(q, k, g, do, dv, cu_seqlens, chunk_indices, scale, T,
                               H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
                               V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                               BV: tl.constexpr, IS_VARLEN: tl.constexpr,
-                              DOT_PREC: tl.constexpr, TRANS_SCRATCH: tl.constexpr = False):
+                              DOT_PREC: tl.constexpr):
     i_t, i_hv, i_h, bos, seqlen = chunk_head_program(T, cu_seqlens, chunk_indices, H, HV, BT,
                                                      IS_VARLEN)
     p_q = tl.make_block_ptr(q + (bos * H + i_h) * K, (seqlen, K), (H * K, 1), (i_t * BT, 0),
@@ -32,7 +31,7 @@ def chunk_bwd_dv_local_kernel(q, k, g, do, dv, cu_seqlens, chunk_indices, scale,
     o_i = tl.arange(0, BT)
     incl = (o_i[:, None] >= o_i[None, :]) & ((i_t * BT + o_i) < seqlen)[:, None]
     b_M = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC) * gated_decay(b_G, b_G, incl)
-    b_Mt = transpose_tile(b_M * scale, scratch, TRANS_SCRATCH).to(do.dtype.element_ty)
+    b_Mt = tl.trans(b_M * scale).to(do.dtype.element_ty)
     for i_v in range(tl.cdiv(V, BV)):
         p_do = tl.make_block_ptr(do + (bos * HV + i_hv) * V, (seqlen, V), (HV * V, 1),
                                  (i_t * BT, i_v * BV), (BT, BV), (1, 0))
@@ -44,21 +43,17 @@ def chunk_bwd_dv_local_kernel(q, k, g, do, dv, cu_seqlens, chunk_indices, scale,
 
 
 def chunk_bwd_dv_local(q, k, g, do, scale, chunk_size, cu_seqlens=None, chunk_indices=None,
-                       num_chunks=None, dot_precision="ieee", transpose_scratch=False):
+                       num_chunks=None, dot_precision="ieee"):
     """q, k [B,T,H,K]; g [B,T,HV] per-token log-decay; do [B,T,HV,V]
-    -> dV'_local [B,T,HV,V] fp32 (a packed buffer's tail past cu_seqlens[-1] is 0);
-    transpose_scratch: Mᵀ through global scratch (kernels/scratch_transpose.py; opt-in A/B)."""
+    -> dV'_local [B,T,HV,V] fp32 (a packed buffer's tail past cu_seqlens[-1] is 0)."""
     B, T, H, K = q.shape
     HV, V = do.shape[2], do.shape[3]
     alloc = torch.zeros if cu_seqlens is not None else torch.empty
     dv = alloc(B, T, HV, V, dtype=torch.float32, device=q.device)
     NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, chunk_size)
-    grid = chunk_head_grid(NT, B, HV)
-    chunk_bwd_dv_local_kernel[grid](
-        q, k, g, do, dv, cu_seqlens, chunk_indices, scale, T,
-        scratch_tiles(transpose_scratch, grid, chunk_size, chunk_size, torch.float32,
-                      q.device),
-        H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=max(16, triton.next_power_of_2(K)),
+    chunk_bwd_dv_local_kernel[chunk_head_grid(NT, B, HV)](
+        q, k, g, do, dv, cu_seqlens, chunk_indices, scale, T, H=H, HV=HV, K=K, V=V,
+        BT=chunk_size, BK=max(16, triton.next_power_of_2(K)),
         BV=min(64, max(16, triton.next_power_of_2(V))), IS_VARLEN=cu_seqlens is not None,
-        DOT_PREC=dot_precision, TRANS_SCRATCH=transpose_scratch)
+        DOT_PREC=dot_precision)
     return dv

@@ -24,7 +24,6 @@ import triton
 import triton.language as tl
 
 from gdn_fused.kernels.chunk_gate import gated_decay
-from gdn_fused.kernels.scratch_transpose import transpose_tile
 
 
 @triton.jit
@@ -48,13 +47,11 @@ def gated_kkt_bwd_gates(b_dA, b_kk, b_G, b_beta, strict):
 
 
 @triton.jit
-def gated_kkt_bwd_keys(b_E, b_k, b_beta, DOT_PREC: tl.constexpr, scratch=None,
-                       TRANS_SCRATCH: tl.constexpr = False):
+def gated_kkt_bwd_keys(b_E, b_k, b_beta, DOT_PREC: tl.constexpr):
     """dK through A for one block of key columns: diag(β) E K + Eᵀ diag(β) K.
 
-    b_E [C, C] fp32, b_k [C, BK] in the data dtype, b_beta [C] fp32 -> [C, BK] fp32;
-    TRANS_SCRATCH: Eᵀ through the program's scratch tile (kernels/scratch_transpose.py)."""
+    b_E [C, C] fp32, b_k [C, BK] in the data dtype, b_beta [C] fp32 -> [C, BK] fp32."""
     b_Ed = b_E.to(b_k.dtype)
     b_kb = (b_k.to(tl.float32) * b_beta[:, None]).to(b_k.dtype)
     return tl.dot(b_Ed, b_k, input_precision=DOT_PREC) * b_beta[:, None] \
-        + tl.dot(transpose_tile(b_Ed, scratch, TRANS_SCRATCH), b_kb, input_precision=DOT_PREC)
+        + tl.dot(tl.trans(b_Ed), b_kb, input_precision=DOT_PREC)

@@ -22,15 +22,21 @@ from gdn_fused.kernels.chunk_gate import chunk_log_decay, decay
 from gdn_fused.kernels.chunk_gate_bwd import chunk_gate_bwd
 from gdn_fused.kernels.chunk_index import chunk_head_grid, chunk_head_program
 from gdn_fused.kernels.kkt_bwd import gated_kkt_bwd_gates, gated_kkt_bwd_keys, kkt_solve_bwd
-from gdn_fused.kernels.scratch_transpose import scratch_tiles
+
+# Triton 3.6's software pipelining of the first key loop (num_stages ≥ 2) miscompiles on Hopper:
+# the K Kᵀ product stays an in-flight wgmma while the same iteration refills its K tile's
+# shared-memory slot (cp.async), so K Kᵀ reads partly overwritten tiles. Measured on the H200
+# (session 8): K Kᵀ off by 2 % (4 warps) and 11 % (8 warps) relative, different on every run, and
+# dβ / dg with it; with one stage K Kᵀ matches torch to 1.4e-7 and every output is bit-identical
+# run to run. tests/test_backward.py checks both on the GPU.
+STAGES = 1
 
 
 @triton.jit
 def wu_bwd_kernel(k, v, g, beta, Ai, dw, dv2, dk, dg_part, dv, dbeta, dg, cu_seqlens,
-                  chunk_indices, T, s_dgp, scratch, NK: tl.constexpr, H: tl.constexpr,
-                  HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                  BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr,
-                  DOT_PREC: tl.constexpr, TRANS_SCRATCH: tl.constexpr = False):
+                  chunk_indices, T, s_dgp, NK: tl.constexpr, H: tl.constexpr, HV: tl.constexpr,
+                  K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                  BV: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr):
     i_t, i_hv, i_h, bos, seqlen = chunk_head_program(T, cu_seqlens, chunk_indices, H, HV, BT,
                                                      IS_VARLEN)
     p_T = tl.make_block_ptr(Ai + (bos * HV + i_hv) * BT, (seqlen, BT), (HV * BT, 1),
@@ -98,7 +104,7 @@ def wu_bwd_kernel(k, v, g, beta, Ai, dw, dv2, dk, dg_part, dv, dbeta, dg, cu_seq
         # Tᵀ dW again rather than a [C, K] round trip through HBM from the first pass
         b_dk = tl.load(p_dk, boundary_check=(0, 1), padding_option="zero") \
             + tl.dot(b_Tt, b_dw, input_precision=DOT_PREC) * b_bg[:, None] \
-            + gated_kkt_bwd_keys(b_E, b_k, b_beta, DOT_PREC, scratch, TRANS_SCRATCH)
+            + gated_kkt_bwd_keys(b_E, b_k, b_beta, DOT_PREC)
         tl.store(p_dk, b_dk.to(p_dk.dtype.element_ty), boundary_check=(0, 1))
     p_db = tl.make_block_ptr(dbeta + bos * HV + i_hv, (seqlen,), (HV,), (i_t * BT,), (BT,), (0,))
     p_dg = tl.make_block_ptr(dg + bos * HV + i_hv, (seqlen,), (HV,), (i_t * BT,), (BT,), (0,))
@@ -107,8 +113,7 @@ def wu_bwd_kernel(k, v, g, beta, Ai, dw, dv2, dk, dg_part, dv, dbeta, dg, cu_seq
 
 
 def wu_bwd(k, v, g, beta, Ai, dw, dv2, dk, dg_part, chunk_size, cu_seqlens=None,
-           chunk_indices=None, num_chunks=None, dot_precision="ieee", block_v=None,
-           transpose_scratch=False, **launch):
+           chunk_indices=None, num_chunks=None, dot_precision="ieee", block_v=None, **launch):
     """Finish the per-value-head gradients of a chunk.
 
     Args:
@@ -119,9 +124,7 @@ def wu_bwd(k, v, g, beta, Ai, dw, dv2, dk, dg_part, chunk_size, cu_seqlens=None,
     Returns:
         ``(dv like v, dbeta like beta, dg like g)``; a packed buffer's tail past
         cu_seqlens[-1] is exactly 0. ``block_v`` (value columns a loop step) and ``launch``
-        (num_warps, num_stages) override the defaults for launch sweeps;
-        ``transpose_scratch``: Eᵀ through global scratch (kernels/scratch_transpose.py; opt-in
-        A/B).
+        (num_warps, num_stages) override the defaults for launch sweeps.
     """
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
@@ -133,13 +136,10 @@ def wu_bwd(k, v, g, beta, Ai, dw, dv2, dk, dg_part, chunk_size, cu_seqlens=None,
     dg = alloc(beta.shape, dtype=g.dtype, device=v.device)
     NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, chunk_size)
     # dg_part's key blocks are dg_part.stride(0) apart (B·T·HV)
-    grid = chunk_head_grid(NT, B, HV)
-    wu_bwd_kernel[grid](
+    launch = {"num_stages": STAGES, **launch}
+    wu_bwd_kernel[chunk_head_grid(NT, B, HV)](
         k, v, g, beta, Ai, dw, dv2, dk, dg_part, dv, dbeta, dg, cu_seqlens, chunk_indices, T,
-        dg_part.stride(0),
-        scratch_tiles(transpose_scratch, grid, chunk_size, chunk_size, k.dtype, k.device),
-        NK=NK, H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK,
+        dg_part.stride(0), NK=NK, H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK,
         BV=block_v or min(64, max(16, triton.next_power_of_2(V))),
-        IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision,
-        TRANS_SCRATCH=transpose_scratch, **launch)
+        IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision, **launch)
     return dv, dbeta, dg
