@@ -368,6 +368,7 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS):
     from gdn_fused.kernels.chunk_index import chunk_layout
     from gdn_fused.kernels.chunk_output import chunk_output
     from gdn_fused.kernels.chunk_state import chunk_state
+    from gdn_fused.kernels.group_sum import group_sum
     from gdn_fused.kernels.kkt import dot_precision
     from gdn_fused.kernels.kkt_solve import chunk_inverse
     from gdn_fused.kernels.wu import recompute_w_u
@@ -409,6 +410,10 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS):
             dot_precision=prec, **idx, **kw),
         "wu_bwd": lambda **kw: wu_bwd(k, v, g, beta, Ai, dw, dv2, dk, dg_part, CHUNK,
                                       dot_precision=prec, **idx, **kw),
+        # the GVA sums of dq and dk, and torch's two-pass expression they replaced (session 8)
+        "group_sum dq+dk": lambda: (group_sum(dq, H, q.dtype), group_sum(dk, H, k.dtype)),
+        "group_sum dq+dk (torch)": lambda: tuple(
+            x.view(B, T, H, HV // H, DIM).sum(3).to(q.dtype) for x in (dq, dk)),
     }
     stages = [(name, {}) for name in kernels] + list(variants)
     row = {}

@@ -12,8 +12,8 @@ kernel), then runs four kernels:
     dK, dV, dβ, dg      = wu_bwd               (parallel; through W, U, T, A, and the reverse
                                                 cumsum to per-token dg)  kernels/wu_bwd.py
 
-then sums dQ and dK over the value heads that share a q/k head (GVA). Derivation and the
-precision of every intermediate: docs/backward.md.
+then sums dQ and dK over the value heads that share a q/k head (GVA, kernels/group_sum.py).
+Derivation and the precision of every intermediate: docs/backward.md.
 
 Why recompute rather than save: the forward's T alone is C values per token and value head
 (64 · 2 B = 128 B per token-head in bf16 at C = 64, 4 KB per token for HV = 32), h is K·V per
@@ -28,6 +28,7 @@ from gdn_fused.kernels.chunk_bwd_state import chunk_bwd_state
 from gdn_fused.kernels.chunk_gate import chunk_cumsum
 from gdn_fused.kernels.chunk_index import chunk_layout
 from gdn_fused.kernels.chunk_state import chunk_state
+from gdn_fused.kernels.group_sum import group_sum
 from gdn_fused.kernels.kkt import dot_precision
 from gdn_fused.kernels.kkt_solve import chunk_inverse
 from gdn_fused.kernels.materialized import contiguous, uses_state_output_kernel
@@ -75,7 +76,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, initial_state, do, dht, 
     """
     q, k, v, g, beta, initial_state, do, dht, cu_seqlens = contiguous(
         q, k, v, g, beta, initial_state, do, dht, cu_seqlens)
-    B, T, H, K = q.shape
+    B, H = q.shape[0], q.shape[2]
     HV = v.shape[2]
     prec = dot_precision(q.dtype)
     N, chunk_offsets, idx = chunk_layout(cu_seqlens, B, chunk_size, cu_seqlens_cpu)
@@ -99,7 +100,4 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, initial_state, do, dht, 
     del h, dh, v_new
     dv, dbeta, dg = wu_bwd(k, v, g, beta, Ai, dw, dv2, dk, dg_part, chunk_size,
                            dot_precision=prec, **idx)
-    group = HV // H
-    dq = dq.view(B, T, H, group, K).sum(3).to(q.dtype)
-    dk = dk.view(B, T, H, group, K).sum(3).to(k.dtype)
-    return dq, dk, dv, dg, dbeta, dh0
+    return group_sum(dq, H, q.dtype), group_sum(dk, H, k.dtype), dv, dg, dbeta, dh0

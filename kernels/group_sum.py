@@ -1,0 +1,39 @@
+"""The gradient of a q/k head shared by a GVA group: the sum of its value heads' fp32 partials,
+rounded once to the data dtype, in one pass.
+
+The backward's dq and dk come out per value head ([B, T, HV, K] fp32); q and k have
+H = HV / group heads, value head hv reading head hv // group, so dq[:, :, h] is the sum over
+hv = h·group … h·group + group − 1. torch's ``x.view(B, T, H, group, K).sum(3).to(dtype)``
+takes two passes with an fp32 intermediate (per token: read 4·HV·K bytes, write 4·H·K, read
+them back, write 2·H·K); this kernel reads the partials once and writes the result once. The
+sum runs in fp32 over the group in order, then rounds once, as the torch expression does.
+"""
+import torch
+import triton
+import triton.language as tl
+
+ROWS = 32  # (token, head) rows a program
+
+
+@triton.jit
+def group_sum_kernel(x, y, N, GROUP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
+                     BR: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    cols = tl.arange(0, BK)
+    mask = (rows < N)[:, None] & (cols < K)[None, :]
+    acc = tl.zeros([BR, BK], dtype=tl.float32)
+    for j in tl.static_range(GROUP):
+        acc += tl.load(x + (rows[:, None] * GROUP + j) * K + cols[None, :], mask=mask, other=0.)
+    tl.store(y + rows[:, None] * K + cols[None, :], acc.to(y.dtype.element_ty), mask=mask)
+
+
+def group_sum(x, num_heads, dtype):
+    """x ``[B, T, HV, K]`` fp32, contiguous, HV a multiple of ``num_heads`` (H) ->
+    ``[B, T, H, K]`` in ``dtype``: head h the sum of value heads h·(HV/H) … (h+1)·(HV/H) − 1.
+    (Internal: the backward's callers guarantee the shapes, so nothing is checked here.)"""
+    B, T, HV, K = x.shape
+    y = torch.empty(B, T, num_heads, K, dtype=dtype, device=x.device)
+    N = B * T * num_heads
+    group_sum_kernel[(triton.cdiv(N, ROWS),)](x, y, N, GROUP=HV // num_heads, K=K,
+                                              BK=triton.next_power_of_2(K), BR=ROWS)
+    return y
