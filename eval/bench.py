@@ -341,8 +341,15 @@ def bench_stages(B=1, T=32768):
 # 2,059 / 1,359, three stages 1,835 / 1,362. wu_bwd's pipelined stages read refilled tiles
 # (wu_bwd.STAGES: one stage since session 8); its rows with 8 warps and with Triton's 3 stages
 # (miscompiled, timed only for what the pipelining would be worth) stay beside the default.
+# Register caps (eval.ptxas, sm_90a): both kernels hold 255 registers at 4 warps (2 programs an
+# SM); capped at 168 (3 an SM) wu_bwd spills 368 B and chunk_bwd_dqkwg 964 B, and the spills
+# cost more than the occupancy gains (H200, session 8, (1, 32768): wu_bwd 1,354 → 1,474 µs,
+# dqkwg 1,836 → 2,823; dqkwg at one stage 2,056). More programs an SM must come from fewer
+# live accumulators (splitting dqkwg), not from a cap.
 BWD_VARIANTS = [("chunk_bwd_state", dict(block_v=bv)) for bv in (16, 64)] + [
-    ("wu_bwd", dict(num_warps=8)), ("wu_bwd", dict(num_stages=3))]
+    ("wu_bwd", dict(num_warps=8)), ("wu_bwd", dict(num_stages=3)),
+    ("wu_bwd", dict(maxnreg=168)), ("chunk_bwd_dqkwg", dict(maxnreg=168)),
+    ("chunk_bwd_dqkwg", dict(num_stages=1))]
 # Shared memory and registers (eval.ptxas, sm_90a, K = V = 128): chunk_state's three stages
 # take 117 KB (one program an SM: 8 warps an SM at B·HV ≥ 132), two 81 KB; chunk_output holds
 # 150 registers at 4 warps (3 programs an SM), chunk_bwd_dqkwg 255 at 4 warps with 105 KB of
