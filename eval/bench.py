@@ -339,17 +339,18 @@ def bench_stages(B=1, T=32768):
 # (32 taken); chunk_bwd_dqkwg 1,836 µs and wu_bwd 1,352 µs at 4 warps, 64 value columns a step
 # and Triton's stages, against 8 warps 2,809 / 2,278, 32 columns 1,876 / 1,341, one stage
 # 2,059 / 1,359, three stages 1,835 / 1,362. wu_bwd's pipelined stages read refilled tiles
-# (wu_bwd.STAGES: one stage since session 8); its rows with 8 warps and with Triton's 3 stages
-# (miscompiled, timed only for what the pipelining would be worth) stay beside the default.
+# (wu_bwd.STAGES: one stage since session 8); at 8 warps it took 2,353 µs.
 # Register caps (eval.ptxas, sm_90a): both kernels hold 255 registers at 4 warps (2 programs an
 # SM); capped at 168 (3 an SM) wu_bwd spills 368 B and chunk_bwd_dqkwg 964 B, and the spills
 # cost more than the occupancy gains (H200, session 8, (1, 32768): wu_bwd 1,354 → 1,474 µs,
 # dqkwg 1,836 → 2,823; dqkwg at one stage 2,056). More programs an SM must come from fewer
-# live accumulators (splitting dqkwg), not from a cap.
+# live accumulators (splitting dqkwg), not from a cap. The rows with wu_bwd at Triton's 3
+# stages and dqkwg at 64 value columns and 3 stages time the miscompiled pipelines, for what
+# the pipelining would be worth (chunk_bwd_dqkwg.BLOCK_V, wu_bwd.STAGES); dqkwg at 64 columns
+# alone runs one stage (its launcher's rule past one value block).
 BWD_VARIANTS = [("chunk_bwd_state", dict(block_v=bv)) for bv in (16, 64)] + [
-    ("wu_bwd", dict(num_warps=8)), ("wu_bwd", dict(num_stages=3)),
-    ("wu_bwd", dict(maxnreg=168)), ("chunk_bwd_dqkwg", dict(maxnreg=168)),
-    ("chunk_bwd_dqkwg", dict(num_stages=1))]
+    ("wu_bwd", dict(num_stages=3)), ("chunk_bwd_dqkwg", dict(block_v=64)),
+    ("chunk_bwd_dqkwg", dict(block_v=64, num_stages=3))]
 # Shared memory and registers (eval.ptxas, sm_90a, K = V = 128): chunk_state's three stages
 # take 117 KB (one program an SM: 8 warps an SM at B·HV ≥ 132), two 81 KB; chunk_output holds
 # 150 registers at 4 warps (3 programs an SM), chunk_bwd_dqkwg 255 at 4 warps with 105 KB of

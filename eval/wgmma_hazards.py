@@ -1,24 +1,39 @@
 """Asynchronous wgmma operands overwritten before the wgmma is waited for, found in a
 kernel's TTGIR without running it.
 
-    python -m eval.wgmma_hazards [--stages 1 2 3]   # wu_bwd compiled for sm_90a, any machine
-    python -m eval.wgmma_hazards --launched         # every kernel of a forward + backward (GPU)
+    python -m eval.wgmma_hazards [--kernels NAME ...] [--stages 1 2 3] [--block-v 64]
+        # the tl kernels of KERNELS compiled for sm_90a, any machine
+    python -m eval.wgmma_hazards --launched   # every kernel a GPU forward + backward compiles
 
 Triton's software pipeliner (num_stages ≥ 2) may keep a ``tl.dot`` inside a loop as an
 asynchronous warpgroup MMA (``ttng.warp_group_dot {isAsync = true}``) and prefetch later
 iterations' tiles into the loop's shared-memory slots (``ttg.async_copy_global_to_local``,
 cp.async). A slot that an in-flight wgmma reads must not be refilled until a
-``ttng.warp_group_dot_wait`` has retired that wgmma. Triton 3.6 broke that rule in wu_bwd's
-first key loop: the K Kᵀ wgmma read slot s of the K tiles while the same iteration's prefetch
-(zero-filling, past the last key block) wrote slot s. On the H200 (session 8) K Kᵀ came out 2 %
-(4 warps) to 11 % (8 warps) off and different on every run, and with it dβ and dg
-(kernels/wu_bwd.py, STAGES; docs/backward.md, "Determinism").
+``ttng.warp_group_dot_wait`` has retired that wgmma. Triton 3.6 breaks that rule in two of our
+kernels when their loops are pipelined:
 
-:func:`refilled_operands` finds that pattern in one loop body: an async wgmma with an operand
-taken from a multi-buffered allocation (``ttg.memdesc_index``), then an async copy into the same
-allocation, with no wait in between. It is a necessary sign, not proof: the copy may target
-another slot. tests/test_wgmma_hazards.py asserts it flags wu_bwd at 3 stages and nothing at
-wu_bwd.STAGES, and (GPU) nothing in any kernel a forward and backward launch.
+- wu_bwd's first key loop: the K Kᵀ wgmma read slot s of the K tiles while the same
+  iteration's prefetch (zero-filling, past the last key block) wrote slot s. On the H200
+  (session 8) K Kᵀ came out 2 % (4 warps) to 11 % (8 warps) off and different on every run,
+  and with it dβ and dg (kernels/wu_bwd.py, STAGES; docs/backward.md, "Determinism").
+- chunk_bwd_dqkwg's loop over two value blocks: a ``wait {pendings = 4}`` leaves the step's
+  four wgmmas running while the h and dh slots they read are refilled. It never showed on the
+  GPU (its outputs were bit-identical run to run), but the pattern is the same
+  (kernels/chunk_bwd_dqkwg.py, BLOCK_V).
+
+:func:`refilled_operands` finds the pattern in one loop body: an async wgmma with an operand
+taken from a buffered allocation (a ``ttg.memdesc_index`` view, or a transposed or sliced view
+of one), then a cp.async into the same allocation while that wgmma may still run (no wait in
+between, or a wait whose ``pendings`` leaves it in flight). It is a heuristic, not a proof.
+It may flag a copy into another slot of the allocation. It misses refills by TMA
+(``async_tma_copy_global_to_local``) or ``local_store``, a refill placed before the wgmma in the
+body (a hazard carried across iterations), views passed as loop-carried values, and waits
+inside nested loops that may not run. The Gluon kernels, whose rings are guarded by mbarriers
+in other warp partitions, are outside what it can judge.
+
+tests/test_wgmma_hazards.py asserts that it flags wu_bwd at 2 and 3 stages and chunk_bwd_dqkwg
+with two value blocks at 3 stages, and that it finds nothing in any kernel of KERNELS at the
+stages the package launches (CPU), nor in any kernel a GPU forward and backward compile.
 """
 from __future__ import annotations
 
@@ -45,55 +60,128 @@ def _loop_bodies(ttgir: str):
 
 
 def _slot_views(lines) -> dict:
-    """{slot view: the multi-buffered allocation it indexes} of ``ttg.memdesc_index`` lines;
-    value names are reused across sibling regions, so a later definition wins."""
-    return dict(re.findall(rf"({_VALUE}) = ttg\.memdesc_index ({_VALUE})\[", "\n".join(lines)))
+    """{slot view: the buffered allocation it indexes} of ``ttg.memdesc_index`` lines, and of
+    the transposed and sliced views of those (``memdesc_trans``, ``memdesc_subslice``); value
+    names are reused across sibling regions, so a later definition wins."""
+    views = {}
+    for line in lines:
+        m = re.search(rf"({_VALUE}) = ttg\.memdesc_index ({_VALUE})\[", line)
+        if m:
+            views[m.group(1)] = m.group(2)
+            continue
+        m = re.search(rf"({_VALUE}) = ttg\.memdesc_(?:trans|subslice) ({_VALUE})\b", line)
+        if m and m.group(2) in views:
+            views[m.group(1)] = views[m.group(2)]
+    return views
 
 
 def refilled_operands(ttgir: str) -> list[tuple[str, str]]:
-    """(wgmma line, copy line) for each async wgmma of a loop body whose multi-buffered
-    shared-memory operand is written by an async copy later in the body before any
-    warp_group_dot_wait."""
+    """(wgmma line, copy line) for each async wgmma of a loop body whose buffered
+    shared-memory operand is written by an async copy (cp.async) later in the same body while
+    the wgmma may still run: no ``warp_group_dot_wait`` in between, or one whose
+    ``pendings = N`` leaves it among the N most recent wgmmas in flight."""
     found = []
     for before, body in _loop_bodies(ttgir):
         # a one-slot buffer's view may be taken once before the loop
         buffer_of = {**_slot_views(before), **_slot_views(body)}
-        in_flight = []  # (allocation, wgmma line) not yet waited for
+        in_flight = []  # per async wgmma not yet retired, oldest first: [(allocation, line)]
         for line in body:
             rhs = line.split("=", 1)[-1].split(" : ")[0]
             if "ttng.warp_group_dot_wait" in line:
-                in_flight = []
+                m = re.search(r"pendings = (\d+)", line)
+                keep = int(m.group(1)) if m else 0
+                in_flight = in_flight[len(in_flight) - keep:] if keep else []
             elif "ttng.warp_group_dot " in line and "isAsync = true" in line:
-                in_flight += [(buffer_of[v], line.strip()) for v in re.findall(_VALUE, rhs)
-                              if v in buffer_of]
+                in_flight.append([(buffer_of[v], line.strip()) for v in re.findall(_VALUE, rhs)
+                                  if v in buffer_of])
             elif "ttg.async_copy_global_to_local" in line:
                 written = {buffer_of[v] for v in re.findall(_VALUE, rhs) if v in buffer_of}
-                found += [(dot, line.strip()) for buf, dot in in_flight if buf in written]
-    return found
+                found += [(dot, line.strip()) for dot_reads in in_flight
+                          for buf, dot in dot_reads if buf in written]
+    return list(dict.fromkeys(found))  # once per pair (an operand and its transposed view)
 
 
-def wu_bwd_ttgir(num_stages: int, num_warps: int = 4) -> str:
-    """wu_bwd's kernel compiled for sm_90a at the Qwen3-Next layer shape (bf16, H = 16,
-    HV = 32, K = V = 128, chunk 64); its TTGIR. Needs compiled-mode kernels (no
-    TRITON_INTERPRET=1)."""
+# The tl (non-Gluon) kernels that use wgmma, compiled as the package launches them at the
+# Qwen3-Next layer shape (bf16, H = 16, HV = 32, K = V = 128, chunk 64, dense): name ->
+# (module, kernel, pointer arguments and their types, constexprs, num_warps, the num_stages the
+# launcher uses: STAGES where it sets one, Triton's 3 otherwise, and the state passes' 2 past
+# one wave, chunk_state.state_stages). Other arguments are i32 (T, strides) or fp32 (scale).
+_BF, _F32, _I32 = "*bf16", "*fp32", "*i32"
+_DENSE = dict(H=16, HV=32, K=128, V=128, BT=64, IS_VARLEN=False, DOT_PREC="tf32")
+KERNELS = {
+    "wu_bwd": ("wu_bwd", "wu_bwd_kernel", dict(
+        k=_BF, v=_BF, g=_F32, beta=_F32, Ai=_F32, dw=_BF, dv2=_BF, dk=_F32, dg_part=_F32,
+        dv=_BF, dbeta=_F32, dg=_F32, cu_seqlens=_I32, chunk_indices=_I32),
+        dict(_DENSE, NK=2, BK=64, BV=64), 4, ("STAGES",)),
+    "chunk_bwd_dqkwg": ("chunk_bwd_dqkwg", "chunk_bwd_dqkwg_kernel", dict(
+        q=_BF, k=_BF, v_new=_BF, h=_BF, dh=_BF, g=_F32, do=_BF, dv2=_BF, dq=_F32, dk=_F32,
+        dw=_BF, dg=_F32, cu_seqlens=_I32, chunk_indices=_I32, chunk_offsets=_I32),
+        dict(_DENSE, BK=64, BV=128), 4, (3,)),
+    "chunk_bwd_dv_local": ("chunk_bwd_dv", "chunk_bwd_dv_local_kernel", dict(
+        q=_BF, k=_BF, g=_F32, do=_BF, dv=_BF, cu_seqlens=_I32, chunk_indices=_I32),
+        dict(_DENSE, BK=128, BV=64), 4, (3,)),
+    "chunk_bwd_state": ("chunk_bwd_state", "chunk_bwd_state_kernel", dict(
+        q=_BF, k=_BF, w=_BF, g=_F32, do=_BF, dv_local=_BF, dh=_BF, dv2=_BF, dht=_F32,
+        dh0=_F32, cu_seqlens=_I32, chunk_offsets=_I32),
+        dict(_DENSE, BK=128, BV=32, USE_FINAL_STATE_GRAD=True, STORE_INITIAL_STATE_GRAD=True),
+        4, (2, 3)),
+    "chunk_state": ("chunk_state", "chunk_state_kernel", dict(
+        k=_BF, w=_BF, u=_BF, G="*fp64", h=_BF, v_new=_BF, h0=_F32, ht=_F32, cu_seqlens=_I32,
+        chunk_offsets=_I32),
+        dict(_DENSE, BK=128, BV=32, USE_INITIAL_STATE=True, STORE_FINAL_STATE=True), 4, (2, 3)),
+    "chunk_output": ("chunk_output", "chunk_output_kernel", dict(
+        q=_BF, k=_BF, v_new=_BF, h=_BF, G="*fp64", o=_BF, cu_seqlens=_I32,
+        chunk_indices=_I32, chunk_offsets=_I32), dict(_DENSE, BK=128, BV=64), 4, (3,)),
+    "recompute_w_u": ("wu", "wu_kernel", dict(
+        k=_BF, v=_BF, G="*fp64", beta=_F32, Ai=_F32, w=_BF, u=_BF, cu_seqlens=_I32,
+        chunk_indices=_I32), dict(_DENSE, BK=128, BV=64), 8, (3,)),
+}
+
+
+def kernel_ttgir(name: str, num_stages=None, num_warps=None, **constexprs) -> str:
+    """The TTGIR of KERNELS[name] compiled for sm_90a (any machine; needs compiled-mode
+    kernels, so no TRITON_INTERPRET=1), at its launch's warps, first stage count and
+    constexprs unless given."""
+    import importlib
+
     from gdn_fused.eval.ptxas import compile_for
-    from gdn_fused.kernels.chunk_bwd_dqkwg import key_block
-    from gdn_fused.kernels.wu_bwd import wu_bwd_kernel
-    sig = {"k": "*bf16", "v": "*bf16", "g": "*fp32", "beta": "*fp32", "Ai": "*fp32",
-           "dw": "*bf16", "dv2": "*bf16", "dk": "*fp32", "dg_part": "*fp32", "dv": "*bf16",
-           "dbeta": "*fp32", "dg": "*fp32", "cu_seqlens": "*i32", "chunk_indices": "*i32",
-           "T": "i32", "s_dgp": "i32"}
-    consts = dict(NK=128 // key_block(128), H=16, HV=32, K=128, V=128, BT=64,
-                  BK=key_block(128), BV=64, IS_VARLEN=False, DOT_PREC="tf32")
-    return compile_for(wu_bwd_kernel, sig, consts, 90, num_warps=num_warps,
+    module, kernel, pointers, consts, warps, stages = KERNELS[name]
+    consts = {**consts, **constexprs}
+    mod = importlib.import_module(f"gdn_fused.kernels.{module}")
+    fn = getattr(mod, kernel)
+    sig = dict(pointers)
+    for arg in fn.arg_names:
+        if arg not in sig and arg not in consts and arg not in _defaults(fn):
+            sig[arg] = "fp32" if arg == "scale" else "i32"
+    if num_stages is None:
+        num_stages = _stages(mod, stages)[0]
+    return compile_for(fn, sig, consts, 90, num_warps=num_warps or warps,
                        num_stages=num_stages).asm["ttgir"]
+
+
+def _defaults(fn) -> set:
+    import inspect
+    return {p.name for p in inspect.signature(fn.fn).parameters.values()
+            if p.default is not inspect.Parameter.empty}
+
+
+def _stages(mod, stages) -> list[int]:
+    """The launch's stage counts: a module constant named by a string, else the number."""
+    return [getattr(mod, s) if isinstance(s, str) else s for s in stages]
+
+
+def launch_stages(name: str) -> list[int]:
+    """The num_stages values the package launches KERNELS[name] with."""
+    import importlib
+    module, _, _, _, _, stages = KERNELS[name]
+    return _stages(importlib.import_module(f"gdn_fused.kernels.{module}"), stages)
 
 
 def launched_hazards() -> dict[str, int]:
     """Run a bf16 forward and backward of both Triton backends on the GPU, at a shape under
     one wave of programs and one past it (where the state passes take 2 pipeline stages,
-    chunk_state.state_stages), then scan every kernel compiled so far:
-    {kernel name#variant: hazards found}."""
+    chunk_state.state_stages), then scan the kernels those launches compiled (not ones an
+    earlier caller in the process compiled): {module.kernel#variant: hazards found}."""
     import gc
 
     import torch
@@ -101,6 +189,13 @@ def launched_hazards() -> dict[str, int]:
 
     from gdn_fused import chunk_gated_delta_rule
     from tests.cases import make_inputs
+
+    def compiled():
+        return {(f"{fn.fn.__module__}.{fn.fn.__name__}", key): kernel
+                for fn in gc.get_objects()
+                if issubclass(type(fn), JITFunction)  # (isinstance warns on deprecated objects)
+                for caches in fn.device_caches.values() for key, kernel in caches[0].items()}
+    before = set(compiled())
     for backend, (B, H, HV) in [(b, s) for b in ("materialized", "fused")
                                 for s in ((1, 2, 4), (8, 16, 32))]:
         xs = make_inputs(B, 1024, H, HV, 128, 128, torch.bfloat16, initial_state=True,
@@ -110,22 +205,24 @@ def launched_hazards() -> dict[str, int]:
                                        output_final_state=True, backend=backend)
         (o.float().square().sum() + ht.square().sum()).backward()
     torch.cuda.synchronize()
-    counts = {}
-    for fn in gc.get_objects():
-        if not issubclass(type(fn), JITFunction):  # (isinstance warns on deprecated objects)
-            continue
-        for caches in fn.device_caches.values():
-            for i, kernel in enumerate(caches[0].values()):
-                counts[f"{fn.fn.__name__}#{i}"] = len(refilled_operands(kernel.asm["ttgir"]))
+    counts, variants = {}, {}
+    for (name, key), kernel in compiled().items():
+        if (name, key) not in before:
+            variants[name] = variants.get(name, -1) + 1
+            counts[f"{name}#{variants[name]}"] = len(refilled_operands(kernel.asm["ttgir"]))
     return counts
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m eval.wgmma_hazards", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--stages", type=int, nargs="*", default=[1, 2, 3],
-                   help="wu_bwd's num_stages to compile (sm_90a, no GPU needed)")
-    p.add_argument("--warps", type=int, default=4)
+    p.add_argument("--kernels", nargs="+", choices=list(KERNELS), default=list(KERNELS),
+                   metavar="NAME", help=f"tl kernels to compile (default all: {list(KERNELS)})")
+    p.add_argument("--stages", type=int, nargs="*", default=None,
+                   help="num_stages to compile (default: those the package launches with)")
+    p.add_argument("--warps", type=int, default=None, help="num_warps (default: the launch's)")
+    p.add_argument("--block-v", type=int, default=None,
+                   help="the BV constexpr (default: the launch's)")
     p.add_argument("--launched", action="store_true",
                    help="instead scan every kernel a GPU forward + backward compiles")
     args = p.parse_args(argv)
@@ -133,12 +230,14 @@ def main(argv=None):
         for name, n in launched_hazards().items():
             print(f"{name}: {n} hazards", flush=True)
         return
-    for stages in args.stages:
-        hazards = refilled_operands(wu_bwd_ttgir(stages, args.warps))
-        print(f"wu_bwd num_stages={stages} num_warps={args.warps}: {len(hazards)} hazards",
-              flush=True)
-        for dot, copy in hazards:
-            print(f"  wgmma: {dot[:150]}\n  copy:  {copy[:150]}")
+    for name in args.kernels:
+        for stages in args.stages or launch_stages(name):
+            extra = {} if args.block_v is None else dict(BV=args.block_v)
+            hazards = refilled_operands(kernel_ttgir(name, stages, args.warps, **extra))
+            print(f"{name} num_stages={stages}{''.join(f' {a}={b}' for a, b in extra.items())}:"
+                  f" {len(hazards)} hazards", flush=True)
+            for dot, copy in hazards:
+                print(f"  wgmma: {dot[:150]}\n  copy:  {copy[:150]}")
 
 
 if __name__ == "__main__":

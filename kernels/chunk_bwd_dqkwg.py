@@ -27,6 +27,14 @@ from gdn_fused.kernels.chunk_index import (chunk_head_grid, chunk_program, first
                                            grid_position)
 
 BLOCK_K = 64  # key columns per program: three [C, 64] fp32 accumulators fit in registers
+# Value columns a step of the loop over V: all of them (one step at V ≤ 128). With two steps of
+# 64, Triton 3.6's software pipelining keeps the step's four wgmmas in flight while it
+# prefetches into the h and dh tile slots they read (eval/wgmma_hazards.py flags it at 2 and 3
+# stages), the race that made wu_bwd's dβ / dg vary (docs/backward.md, "Determinism"); one
+# step leaves nothing to prefetch, and past V = 128 the launch drops to one stage. H200
+# (session 8, (1, 32768)): one step of 128 1,986 µs; two of 64 at one stage 2,058, at Triton's
+# 3 stages (the race) 1,818.
+BLOCK_V = 128
 
 
 def key_block(K: int) -> int:
@@ -142,9 +150,11 @@ def chunk_bwd_dqkwg(q, k, v_new, h, dh, g, do, dv2, scale, chunk_size, cu_seqlen
     dw = alloc(B, T, HV, K, dtype=k.dtype, device=q.device)
     dg = alloc(NK, B, T, HV, dtype=torch.float32, device=q.device)
     NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, chunk_size)
+    BV = block_v or min(BLOCK_V, max(16, triton.next_power_of_2(V)))
+    if triton.cdiv(V, BV) > 1:  # several steps: no pipelining (BLOCK_V's race)
+        launch = {"num_stages": 1, **launch}
     chunk_bwd_dqkwg_kernel[chunk_head_grid(NT, B, HV, NK)](
         q, k, v_new, h, dh, g, do, dv2, dq, dk, dw, dg, cu_seqlens, chunk_indices, chunk_offsets,
         scale, T, dg.stride(0), H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK,
-        BV=block_v or min(64, max(16, triton.next_power_of_2(V))),
-        IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision, **launch)
+        BV=BV, IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision, **launch)
     return dq, dk, dw, dg

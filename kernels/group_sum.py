@@ -6,7 +6,8 @@ H = HV / group heads, value head hv reading head hv // group, so dq[:, :, h] is 
 hv = h·group … h·group + group − 1. torch's ``x.view(B, T, H, group, K).sum(3).to(dtype)``
 takes two passes with an fp32 intermediate (per token: read 4·HV·K bytes, write 4·H·K, read
 them back, write 2·H·K); this kernel reads the partials once and writes the result once. The
-sum runs in fp32 over the group in order, then rounds once, as the torch expression does.
+sum runs in fp32 over the group in order, then rounds once (the torch expression's result to
+the bit at group 2; at larger groups torch may add in another order).
 """
 import torch
 import triton
@@ -18,6 +19,8 @@ ROWS = 32  # (token, head) rows a program
 @triton.jit
 def group_sum_kernel(x, y, N, GROUP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
                      BR: tl.constexpr):
+    """y [N, K] = Σ_j x [N, GROUP, K][:, j] (x fp32, y any float dtype), BR rows a program;
+    offsets in int64: B·T·HV·K passes 2³¹ at (16, 32768) with HV = 32, K = 128."""
     rows = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
     cols = tl.arange(0, BK)
     mask = (rows < N)[:, None] & (cols < K)[None, :]
@@ -30,8 +33,12 @@ def group_sum_kernel(x, y, N, GROUP: tl.constexpr, K: tl.constexpr, BK: tl.const
 def group_sum(x, num_heads, dtype):
     """x ``[B, T, HV, K]`` fp32, contiguous, HV a multiple of ``num_heads`` (H) ->
     ``[B, T, H, K]`` in ``dtype``: head h the sum of value heads h·(HV/H) … (h+1)·(HV/H) − 1.
-    (Internal: the backward's callers guarantee the shapes, so nothing is checked here.)"""
+    Raises ValueError for a non-contiguous x or HV not a multiple of H (the kernel indexes x
+    as contiguous [B·T·H, HV/H, K])."""
     B, T, HV, K = x.shape
+    if not x.is_contiguous() or HV % num_heads:
+        raise ValueError(f"group_sum: x must be contiguous with its head count {HV} a multiple "
+                         f"of num_heads={num_heads}; got strides {x.stride()}")
     y = torch.empty(B, T, num_heads, K, dtype=dtype, device=x.device)
     N = B * T * num_heads
     group_sum_kernel[(triton.cdiv(N, ROWS),)](x, y, N, GROUP=HV // num_heads, K=K,

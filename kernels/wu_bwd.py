@@ -28,7 +28,8 @@ from gdn_fused.kernels.kkt_bwd import gated_kkt_bwd_gates, gated_kkt_bwd_keys, k
 # shared-memory slot (cp.async), so K Kᵀ reads partly overwritten tiles. Measured on the H200
 # (session 8): K Kᵀ off by 2 % (4 warps) and 11 % (8 warps) relative, different on every run, and
 # dβ / dg with it; with one stage K Kᵀ matches torch to 1.4e-7 and every output is bit-identical
-# run to run. tests/test_backward.py checks both on the GPU.
+# run to run (tests/test_backward.py, GPU). eval/wgmma_hazards.py flags the pattern in the
+# TTGIR at 2 and 3 stages and finds it gone at STAGES (tests/test_wgmma_hazards.py, any machine).
 STAGES = 1
 
 

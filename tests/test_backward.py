@@ -233,11 +233,20 @@ def test_state_passes_equal_at_each_pipeline_depth():
 @pytest.mark.gpu
 def test_backward_kernels_bit_identical_run_to_run():
     """Every backward kernel twice on the same inputs, chunk_bwd_dqkwg and wu_bwd also at 8
-    warps: equal to the bit (no atomics anywhere, so a difference means a kernel reads shared
-    or global memory that is still being written). Sensitive: with Triton 3.6 pipelining
-    wu_bwd's key loop (num_stages 2 or 3, before wu_bwd.STAGES) its K Kᵀ read refilled tiles
-    and dβ / dg differed by 4e-3 at 8 warps on every run, 1e-5 – 2e-4 at 4 (H200, session 8)."""
+    warps: equal to the bit (no atomics anywhere, so a difference means a kernel reads memory
+    that is still being written). T = 8192: 512 programs a chunk-parallel kernel, several waves
+    of the 132 SMs, where the race of docs/backward.md ("Determinism") showed. Positive control
+    on the Triton it was measured on (3.6.0): wu_bwd pipelined at 3 stages and 8 warps must
+    differ (dβ 4e-3 and dg 7e-3 apart on every H200 run of session 8), or this test could not
+    see the race."""
+    import triton
+
     from gdn_fused.eval.determinism import run_twice
-    diffs = run_twice(T=2048, launches=[dict(num_warps=8)])
+    control = [dict(num_warps=8, num_stages=3)] if triton.__version__ == "3.6.0" else []
+    diffs = run_twice(T=8192, launches=[dict(num_warps=8)] + control)
+    if control:
+        raced = diffs.pop("wu_bwd num_warps=8 num_stages=3")
+        diffs.pop("chunk_bwd_dqkwg num_warps=8 num_stages=3")
+        assert raced["dbeta"] > 0 and raced["dg"] > 0, raced
     assert len(diffs) == 10
     assert all(d == 0 for row in diffs.values() for d in row.values()), diffs

@@ -30,3 +30,11 @@ def test_matches_torch_bf16_gpu():
     got, ref = group_sum(x, 16, torch.bfloat16), torch_group_sum(x, 16, torch.bfloat16)
     # the same fp32 sums of two terms, rounded once: equal to the bit
     assert torch.equal(got, ref)
+
+
+def test_refuses_what_it_cannot_index():
+    x = torch.zeros(1, 4, 6, 32)
+    with pytest.raises(ValueError, match="contiguous"):
+        group_sum(x.transpose(1, 2), 3, torch.float32)
+    with pytest.raises(ValueError, match="multiple"):
+        group_sum(x, 4, torch.float32)

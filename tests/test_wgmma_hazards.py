@@ -1,13 +1,15 @@
 """The static check for asynchronous wgmma operands refilled before their wait
-(eval/wgmma_hazards.py): on synthetic TTGIR, on wu_bwd compiled for sm_90a (any machine), and
-on every kernel a GPU forward and backward launch."""
+(eval/wgmma_hazards.py): on synthetic TTGIR, on the tl kernels compiled for sm_90a (any
+machine), on the launch options the package uses, and on every kernel a GPU forward and
+backward launch."""
 import os
 import subprocess
 import sys
 
 import pytest
+import torch
 
-from gdn_fused.eval.wgmma_hazards import refilled_operands
+from gdn_fused.eval.wgmma_hazards import KERNELS, refilled_operands
 
 LOOP = """\
     %buf = ttg.local_alloc : () -> !ttg.memdesc<2x64x64xbf16, #shared, #smem, mutable>
@@ -15,12 +17,13 @@ LOOP = """\
     %r:2 = scf.for %i = %c0 to %c2 step %c1 iter_args(%acc = %z, %s = %c0) -> (...) : i32 {
       %view = ttg.memdesc_index %buf[%s] : !ttg.memdesc<2x64x64xbf16> -> !ttg.memdesc<64x64xbf16>
       %t = ttg.memdesc_trans %view {order = array<i32: 1, 0>} : !ttg.memdesc<64x64xbf16>
-      %d = ttng.warp_group_dot %view, %t, %acc {inputPrecision = 0 : i32, isAsync = true} : x
+      %d = ttng.warp_group_dot %a, %t, %acc {inputPrecision = 0 : i32, isAsync = true} : x
+      %e = ttng.warp_group_dot %a, %b, %acc {inputPrecision = 0 : i32, isAsync = true} : x
 BETWEEN      %next = ttg.memdesc_index %TARGET[%s] : !ttg.memdesc<2x64x64xbf16> -> !ttg.memdesc<64x64xbf16>
       %c = ttg.async_copy_global_to_local %ptrs, %next mask %m other %cst : tensor<64x64x!tt.ptr<bf16>>
       scf.yield %d, %s : tensor<64x64xf32>, i32
     }
-"""
+"""  # noqa: E501 (TTGIR lines as Triton prints them)
 
 
 def loop(between="", target="buf", asynchronous=True):
@@ -28,10 +31,16 @@ def loop(between="", target="buf", asynchronous=True):
     return text if asynchronous else text.replace(", isAsync = true", "")
 
 
+def wait(pendings):
+    return f"      %w = ttng.warp_group_dot_wait %d {{pendings = {pendings} : i32}} : x\n"
+
+
 def test_flags_a_refill_of_an_in_flight_wgmma_operand():
+    # %d reads %buf through a transposed view; %e, issued after it, reads nothing buffered
     assert len(refilled_operands(loop())) == 1
-    wait = "      %w = ttng.warp_group_dot_wait %d {pendings = 0 : i32} : tensor<64x64xf32>\n"
-    assert refilled_operands(loop(between=wait)) == []
+    assert refilled_operands(loop(between=wait(0))) == []
+    assert refilled_operands(loop(between=wait(1))) == []  # only %e may still run
+    assert len(refilled_operands(loop(between=wait(2)))) == 1  # %d may still run
     assert refilled_operands(loop(target="other")) == []
     assert refilled_operands(loop(asynchronous=False)) == []
     # a one-slot buffer's view taken once before the loop (wu_bwd at 2 stages)
@@ -40,19 +49,67 @@ def test_flags_a_refill_of_an_in_flight_wgmma_operand():
     assert len(refilled_operands(hoisted)) == 1
 
 
-def test_wu_bwd_is_clean_at_its_stages_and_flagged_when_pipelined():
-    """Compiled for sm_90a in a fresh interpreter (kernels defined under TRITON_INTERPRET=1,
-    as in this session on a CPU, cannot be compiled). Flagged at 2 and 3 stages, as the H200
-    showed (dβ, dg differing run to run: docs/backward.md, "Determinism")."""
-    from gdn_fused.kernels.wu_bwd import STAGES
+def hazard_counts(*args):
+    """{line head: hazards} printed by ``python -m gdn_fused.eval.wgmma_hazards *args``, run
+    in a fresh interpreter: kernels defined under TRITON_INTERPRET=1, as in this session on a
+    CPU, cannot be compiled."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-m", "gdn_fused.eval.wgmma_hazards", "--stages",
-                          str(STAGES), "2", "3"], env=env, capture_output=True, text=True,
-                         timeout=600)
+    run = subprocess.run([sys.executable, "-m", "gdn_fused.eval.wgmma_hazards", *args],
+                         env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
-    counts = [int(line.split(": ")[1].split()[0]) for line in run.stdout.splitlines()
-              if line.startswith("wu_bwd num_stages=")]
-    assert counts[0] == 0 and counts[1] >= 1 and counts[2] >= 1, run.stdout
+    return {line.split(":")[0]: int(line.split(": ")[1].split()[0])
+            for line in run.stdout.splitlines() if line.endswith("hazards")}
+
+
+def test_every_tl_kernel_is_clean_at_its_launch_stages():
+    counts = hazard_counts()
+    assert len(counts) >= len(KERNELS) and not any(counts.values()), counts
+
+
+def test_the_known_races_are_flagged():
+    """wu_bwd pipelined (dβ / dg differed run to run on the H200 at 2 and 3 stages) and
+    chunk_bwd_dqkwg with two value blocks a program at Triton's 3 stages."""
+    wu = hazard_counts("--kernels", "wu_bwd", "--stages", "2", "3")
+    assert all(wu.values()) and len(wu) == 2, wu
+    dqkwg = hazard_counts("--kernels", "chunk_bwd_dqkwg", "--stages", "3", "--block-v", "64")
+    assert all(dqkwg.values()) and len(dqkwg) == 1, dqkwg
+
+
+class _Launch:
+    """Stands in for a jitted kernel: records the constexprs and options of a launch."""
+
+    def __init__(self):
+        self.kwargs = None
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.kwargs = kwargs
+        return launch
+
+
+@pytest.mark.parametrize("V", [128, 256])
+def test_launchers_use_the_clean_configurations(monkeypatch, V):
+    """What the scanned configurations assume of the launchers: wu_bwd at wu_bwd.STAGES,
+    chunk_bwd_dqkwg with one value block a program at V ≤ 128 (Triton's 3 stages) and at one
+    stage past it."""
+    from gdn_fused.kernels import chunk_bwd_dqkwg, wu_bwd
+    wu_spy, dqkwg_spy = _Launch(), _Launch()
+    monkeypatch.setattr(wu_bwd, "wu_bwd_kernel", wu_spy)
+    monkeypatch.setattr(chunk_bwd_dqkwg, "chunk_bwd_dqkwg_kernel", dqkwg_spy)
+    B, T, H, HV, K, C = 1, 64, 1, 2, 128, 64
+    k, dw, dk = (torch.zeros(B, T, n, K) for n in (H, HV, HV))
+    v = torch.zeros(B, T, HV, V)
+    g = beta = torch.zeros(B, T, HV)
+    wu_bwd.wu_bwd(k, v, g, beta, torch.zeros(B, T, HV, C), dw, v, dk,
+                  torch.zeros(2, B, T, HV), C)
+    assert wu_spy.kwargs["num_stages"] == wu_bwd.STAGES == 1
+    h = torch.zeros(1, HV, K, V)
+    chunk_bwd_dqkwg.chunk_bwd_dqkwg(k, k, v, h, h, g, v, v, 1.0, C)
+    if V <= chunk_bwd_dqkwg.BLOCK_V:
+        assert dqkwg_spy.kwargs["BV"] == V == KERNELS["chunk_bwd_dqkwg"][3]["BV"]
+        assert "num_stages" not in dqkwg_spy.kwargs
+    else:
+        assert dqkwg_spy.kwargs["num_stages"] == 1
 
 
 @pytest.mark.gpu
