@@ -32,8 +32,8 @@ inside nested loops that may not run. The Gluon kernels, whose rings are guarded
 in other warp partitions, are outside what it can judge.
 
 tests/test_wgmma_hazards.py asserts that it flags wu_bwd at 2 and 3 stages and chunk_bwd_dqkwg
-with two value blocks at 3 stages, and that it finds nothing in any kernel of KERNELS at the
-stages the package launches (CPU), nor in any kernel a GPU forward and backward compile.
+with two value blocks at 3 stages, and that it finds nothing in any launch configuration of
+KERNELS (CPU), nor in any kernel a GPU forward and backward compile.
 """
 from __future__ import annotations
 
@@ -101,87 +101,87 @@ def refilled_operands(ttgir: str) -> list[tuple[str, str]]:
     return list(dict.fromkeys(found))  # once per pair (an operand and its transposed view)
 
 
-# The tl (non-Gluon) kernels that use wgmma, compiled as the package launches them at the
-# Qwen3-Next layer shape (bf16, H = 16, HV = 32, K = V = 128, chunk 64, dense): name ->
-# (module, kernel, pointer arguments and their types, constexprs, num_warps, the num_stages the
-# launcher uses: STAGES where it sets one, Triton's 3 otherwise, and the state passes' 2 past
-# one wave, chunk_state.state_stages). Other arguments are i32 (T, strides) or fp32 (scale).
+# The tl (non-Gluon) kernels with wgmma products in a pipelined loop, compiled as the package
+# launches them at the Qwen3-Next layer shape (bf16, H = 16, HV = 32, K = V = 128, chunk 64,
+# dense): name -> (module, kernel, pointer arguments and their types, constexprs, launches).
+# Each launch: num_warps, num_stages (an int, or the name of the module constant the launcher
+# uses) and constexpr overrides. The state passes run BV 32 below B·HV = 66 and 64 above it,
+# each at 3 stages within one wave of programs and 2 past it (chunk_state.state_blocks,
+# state_stages); the W/U kernel runs 8 warps with the backward's fp32 T, 4 with the forward's
+# bf16 T. Other arguments are i32 (T, strides) or fp32 (scale). Not here: _fused_fwd_kernel
+# (one stage: nothing pipelined) and the Gluon kernels (see the module docstring).
 _BF, _F32, _I32 = "*bf16", "*fp32", "*i32"
 _DENSE = dict(H=16, HV=32, K=128, V=128, BT=64, IS_VARLEN=False, DOT_PREC="tf32")
+_STATE_LAUNCHES = [dict(num_warps=4, num_stages=st, BV=bv) for bv in (32, 64) for st in (3, 2)]
 KERNELS = {
     "wu_bwd": ("wu_bwd", "wu_bwd_kernel", dict(
         k=_BF, v=_BF, g=_F32, beta=_F32, Ai=_F32, dw=_BF, dv2=_BF, dk=_F32, dg_part=_F32,
         dv=_BF, dbeta=_F32, dg=_F32, cu_seqlens=_I32, chunk_indices=_I32),
-        dict(_DENSE, NK=2, BK=64, BV=64), 4, ("STAGES",)),
+        dict(_DENSE, NK=2, BK=64, BV=64), [dict(num_warps=4, num_stages="STAGES")]),
     "chunk_bwd_dqkwg": ("chunk_bwd_dqkwg", "chunk_bwd_dqkwg_kernel", dict(
         q=_BF, k=_BF, v_new=_BF, h=_BF, dh=_BF, g=_F32, do=_BF, dv2=_BF, dq=_F32, dk=_F32,
         dw=_BF, dg=_F32, cu_seqlens=_I32, chunk_indices=_I32, chunk_offsets=_I32),
-        dict(_DENSE, BK=64, BV=128), 4, (3,)),
+        dict(_DENSE, BK=64), [dict(num_warps=4, num_stages=3, BV="BLOCK_V")]),
     "chunk_bwd_dv_local": ("chunk_bwd_dv", "chunk_bwd_dv_local_kernel", dict(
-        q=_BF, k=_BF, g=_F32, do=_BF, dv=_BF, cu_seqlens=_I32, chunk_indices=_I32),
-        dict(_DENSE, BK=128, BV=64), 4, (3,)),
+        q=_BF, k=_BF, g=_F32, do=_BF, dv=_F32, cu_seqlens=_I32, chunk_indices=_I32),
+        dict(_DENSE, BK=128, BV=64), [dict(num_warps=4, num_stages=3)]),
     "chunk_bwd_state": ("chunk_bwd_state", "chunk_bwd_state_kernel", dict(
-        q=_BF, k=_BF, w=_BF, g=_F32, do=_BF, dv_local=_BF, dh=_BF, dv2=_BF, dht=_F32,
+        q=_BF, k=_BF, w=_BF, g=_F32, do=_BF, dv_local=_F32, dh=_BF, dv2=_BF, dht=_F32,
         dh0=_F32, cu_seqlens=_I32, chunk_offsets=_I32),
-        dict(_DENSE, BK=128, BV=32, USE_FINAL_STATE_GRAD=True, STORE_INITIAL_STATE_GRAD=True),
-        4, (2, 3)),
+        dict(_DENSE, BK=128, USE_FINAL_STATE_GRAD=True, STORE_INITIAL_STATE_GRAD=True),
+        _STATE_LAUNCHES),
     "chunk_state": ("chunk_state", "chunk_state_kernel", dict(
         k=_BF, w=_BF, u=_BF, G="*fp64", h=_BF, v_new=_BF, h0=_F32, ht=_F32, cu_seqlens=_I32,
         chunk_offsets=_I32),
-        dict(_DENSE, BK=128, BV=32, USE_INITIAL_STATE=True, STORE_FINAL_STATE=True), 4, (2, 3)),
+        dict(_DENSE, BK=128, USE_INITIAL_STATE=True, STORE_FINAL_STATE=True), _STATE_LAUNCHES),
     "chunk_output": ("chunk_output", "chunk_output_kernel", dict(
         q=_BF, k=_BF, v_new=_BF, h=_BF, G="*fp64", o=_BF, cu_seqlens=_I32,
-        chunk_indices=_I32, chunk_offsets=_I32), dict(_DENSE, BK=128, BV=64), 4, (3,)),
+        chunk_indices=_I32, chunk_offsets=_I32), dict(_DENSE, BK=128, BV=64),
+        [dict(num_warps=4, num_stages=3)]),
     "recompute_w_u": ("wu", "wu_kernel", dict(
         k=_BF, v=_BF, G="*fp64", beta=_F32, Ai=_F32, w=_BF, u=_BF, cu_seqlens=_I32,
-        chunk_indices=_I32), dict(_DENSE, BK=128, BV=64), 8, (3,)),
+        chunk_indices=_I32), dict(_DENSE, BK=128, BV=64),
+        [dict(num_warps=8, num_stages=3), dict(num_warps=4, num_stages=3, Ai=_BF)]),
 }
 
 
-def kernel_ttgir(name: str, num_stages=None, num_warps=None, **constexprs) -> str:
-    """The TTGIR of KERNELS[name] compiled for sm_90a (any machine; needs compiled-mode
-    kernels, so no TRITON_INTERPRET=1), at its launch's warps, first stage count and
-    constexprs unless given."""
+def launches(name: str) -> list[dict]:
+    """The launches of KERNELS[name] with the module constants they name resolved: dicts of
+    num_warps, num_stages and constexpr or pointer-type overrides."""
     import importlib
+    module = importlib.import_module(f"gdn_fused.kernels.{KERNELS[name][0]}")
+    return [{k: getattr(module, v) if isinstance(v, str) and v.isupper() else v
+             for k, v in launch.items()} for launch in KERNELS[name][4]]
+
+
+def kernel_ttgir(name: str, num_stages: int, num_warps: int, **overrides) -> str:
+    """The TTGIR of KERNELS[name] compiled for sm_90a with these launch options; overrides:
+    constexprs, or pointer types for pointer arguments. Any machine, but the kernels must be
+    compiled-mode ones (no TRITON_INTERPRET=1)."""
+    import importlib
+    import inspect
 
     from gdn_fused.eval.ptxas import compile_for
-    module, kernel, pointers, consts, warps, stages = KERNELS[name]
-    consts = {**consts, **constexprs}
-    mod = importlib.import_module(f"gdn_fused.kernels.{module}")
-    fn = getattr(mod, kernel)
-    sig = dict(pointers)
+    module, kernel, pointers, consts, _ = KERNELS[name]
+    fn = getattr(importlib.import_module(f"gdn_fused.kernels.{module}"), kernel)
+    sig = {**pointers, **{k: v for k, v in overrides.items() if k in pointers}}
+    consts = {**consts, **{k: v for k, v in overrides.items() if k not in pointers}}
+    defaults = {p.name for p in inspect.signature(fn.fn).parameters.values()
+                if p.default is not inspect.Parameter.empty}
     for arg in fn.arg_names:
-        if arg not in sig and arg not in consts and arg not in _defaults(fn):
+        if arg not in sig and arg not in consts and arg not in defaults:
             sig[arg] = "fp32" if arg == "scale" else "i32"
-    if num_stages is None:
-        num_stages = _stages(mod, stages)[0]
-    return compile_for(fn, sig, consts, 90, num_warps=num_warps or warps,
+    return compile_for(fn, sig, consts, 90, num_warps=num_warps,
                        num_stages=num_stages).asm["ttgir"]
-
-
-def _defaults(fn) -> set:
-    import inspect
-    return {p.name for p in inspect.signature(fn.fn).parameters.values()
-            if p.default is not inspect.Parameter.empty}
-
-
-def _stages(mod, stages) -> list[int]:
-    """The launch's stage counts: a module constant named by a string, else the number."""
-    return [getattr(mod, s) if isinstance(s, str) else s for s in stages]
-
-
-def launch_stages(name: str) -> list[int]:
-    """The num_stages values the package launches KERNELS[name] with."""
-    import importlib
-    module, _, _, _, _, stages = KERNELS[name]
-    return _stages(importlib.import_module(f"gdn_fused.kernels.{module}"), stages)
 
 
 def launched_hazards() -> dict[str, int]:
     """Run a bf16 forward and backward of both Triton backends on the GPU, at a shape under
     one wave of programs and one past it (where the state passes take 2 pipeline stages,
-    chunk_state.state_stages), then scan the kernels those launches compiled (not ones an
-    earlier caller in the process compiled): {module.kernel#variant: hazards found}."""
+    chunk_state.state_stages), then scan the kernels those launches compiled: {module.kernel
+    #variant: hazards found}. Empties every jitted function's in-process cache first, so that
+    an earlier caller's compiles (say a test's deliberately miscompiled control) are neither
+    scanned nor reused; they recompile from Triton's disk cache when next launched."""
     import gc
 
     import torch
@@ -190,12 +190,11 @@ def launched_hazards() -> dict[str, int]:
     from gdn_fused import chunk_gated_delta_rule
     from tests.cases import make_inputs
 
-    def compiled():
-        return {(f"{fn.fn.__module__}.{fn.fn.__name__}", key): kernel
-                for fn in gc.get_objects()
-                if issubclass(type(fn), JITFunction)  # (isinstance warns on deprecated objects)
-                for caches in fn.device_caches.values() for key, kernel in caches[0].items()}
-    before = set(compiled())
+    def jitted():
+        return [fn for fn in gc.get_objects()
+                if issubclass(type(fn), JITFunction)]  # (isinstance warns on deprecated objects)
+    for fn in jitted():  # forget earlier compiles (a test's deliberate miscompiled control)
+        fn.device_caches.clear()
     for backend, (B, H, HV) in [(b, s) for b in ("materialized", "fused")
                                 for s in ((1, 2, 4), (8, 16, 32))]:
         xs = make_inputs(B, 1024, H, HV, 128, 128, torch.bfloat16, initial_state=True,
@@ -205,11 +204,12 @@ def launched_hazards() -> dict[str, int]:
                                        output_final_state=True, backend=backend)
         (o.float().square().sum() + ht.square().sum()).backward()
     torch.cuda.synchronize()
-    counts, variants = {}, {}
-    for (name, key), kernel in compiled().items():
-        if (name, key) not in before:
-            variants[name] = variants.get(name, -1) + 1
-            counts[f"{name}#{variants[name]}"] = len(refilled_operands(kernel.asm["ttgir"]))
+    counts = {}
+    for fn in jitted():
+        for caches in fn.device_caches.values():
+            for i, kernel in enumerate(caches[0].values()):
+                name = f"{fn.fn.__module__}.{fn.fn.__name__}#{i}"
+                counts[name] = len(refilled_operands(kernel.asm["ttgir"]))
     return counts
 
 
@@ -219,7 +219,8 @@ def main(argv=None):
     p.add_argument("--kernels", nargs="+", choices=list(KERNELS), default=list(KERNELS),
                    metavar="NAME", help=f"tl kernels to compile (default all: {list(KERNELS)})")
     p.add_argument("--stages", type=int, nargs="*", default=None,
-                   help="num_stages to compile (default: those the package launches with)")
+                   help="num_stages to compile instead, varying each kernel's first launch "
+                        "(default: every launch the package makes)")
     p.add_argument("--warps", type=int, default=None, help="num_warps (default: the launch's)")
     p.add_argument("--block-v", type=int, default=None,
                    help="the BV constexpr (default: the launch's)")
@@ -231,14 +232,22 @@ def main(argv=None):
             print(f"{name}: {n} hazards", flush=True)
         return
     for name in args.kernels:
-        for stages in args.stages or launch_stages(name):
-            extra = {} if args.block_v is None else dict(BV=args.block_v)
-            hazards = refilled_operands(kernel_ttgir(name, stages, args.warps, **extra))
-            print(f"{name} num_stages={stages}{''.join(f' {a}={b}' for a, b in extra.items())}:"
-                  f" {len(hazards)} hazards", flush=True)
+        configs = launches(name)
+        if args.stages or args.warps or args.block_v:  # variations of the first launch
+            base = configs[0]
+            configs = [dict(base, num_stages=st, **({} if args.warps is None
+                                                     else dict(num_warps=args.warps)),
+                            **({} if args.block_v is None else dict(BV=args.block_v)))
+                       for st in (args.stages or [base["num_stages"]])]
+        for launch in configs:
+            launch = dict(launch)
+            stages, warps = launch.pop("num_stages"), launch.pop("num_warps")
+            hazards = refilled_operands(kernel_ttgir(name, stages, warps, **launch))
+            shown = "".join(f" {a}={b}" for a, b in launch.items())
+            print(f"{name} num_stages={stages} num_warps={warps}{shown}: {len(hazards)} hazards",
+                  flush=True)
             for dot, copy in hazards:
                 print(f"  wgmma: {dot[:150]}\n  copy:  {copy[:150]}")
-
 
 if __name__ == "__main__":
     main()

@@ -138,7 +138,8 @@ def chunk_bwd_dqkwg(q, k, v_new, h, dh, g, do, dv2, scale, chunk_size, cu_seqlen
         dg [NK, B, T, HV] fp32 — per-token, per key block, partial)``, per value head (GVA
         sums later). ``block_v`` (value columns a loop step), ``block_k`` (key columns a
         program; dg then has K / block_k blocks) and ``launch`` (num_warps, num_stages)
-        override the defaults for launch sweeps.
+        override the defaults for launch sweeps; a ``block_v`` below V runs the launch at one
+        stage unless ``launch`` names num_stages (BLOCK_V's race).
     """
     B, T, H, K = q.shape
     HV, V = do.shape[2], do.shape[3]

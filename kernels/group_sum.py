@@ -36,9 +36,11 @@ def group_sum(x, num_heads, dtype):
     Raises ValueError for a non-contiguous x or HV not a multiple of H (the kernel indexes x
     as contiguous [B·T·H, HV/H, K])."""
     B, T, HV, K = x.shape
-    if not x.is_contiguous() or HV % num_heads:
-        raise ValueError(f"group_sum: x must be contiguous with its head count {HV} a multiple "
-                         f"of num_heads={num_heads}; got strides {x.stride()}")
+    if not x.is_contiguous():
+        raise ValueError(f"group_sum: x must be contiguous, got strides {x.stride()}")
+    if HV % num_heads:
+        raise ValueError(f"group_sum: x's {HV} heads are not a multiple of num_heads="
+                         f"{num_heads}")
     y = torch.empty(B, T, num_heads, K, dtype=dtype, device=x.device)
     N = B * T * num_heads
     group_sum_kernel[(triton.cdiv(N, ROWS),)](x, y, N, GROUP=HV // num_heads, K=K,

@@ -109,6 +109,17 @@ def test_backward_two_key_blocks(monkeypatch):
     assert max(err.values()) <= CPU_BOUND[torch.float32], err
 
 
+def test_backward_two_value_blocks(monkeypatch):
+    """chunk_bwd_dqkwg's loop over value blocks taking two steps (V past BLOCK_V: 128 on the
+    GPU, 16 here), which its launcher runs at one stage: the steps' partial products add up."""
+    from gdn_fused.kernels import chunk_bwd_dqkwg
+    monkeypatch.setattr(chunk_bwd_dqkwg, "BLOCK_V", 16)
+    case = ("nv2", 1, 70, 1, 2, 16, 32, "normal", True, None, 64)
+    xs, do, dht, cu = inputs(case, torch.float32, "cpu")
+    err = errors(triton_grads(xs, do, dht, cu, 64), case_truth(case, xs, do, dht, cu))
+    assert max(err.values()) <= CPU_BOUND[torch.float32], err
+
+
 FP16_CASES = [c for c in CASES if c[0] in ("strong-partial", "gva3-k48")]
 
 

@@ -33,8 +33,8 @@ def test_matches_torch_bf16_gpu():
 
 
 def test_refuses_what_it_cannot_index():
-    x = torch.zeros(1, 4, 6, 32)
+    x = torch.zeros(1, 4, 4, 32)
     with pytest.raises(ValueError, match="contiguous"):
-        group_sum(x.transpose(1, 2), 3, torch.float32)
+        group_sum(x.transpose(1, 2), 2, torch.float32)
     with pytest.raises(ValueError, match="multiple"):
-        group_sum(x, 4, torch.float32)
+        group_sum(x, 3, torch.float32)
