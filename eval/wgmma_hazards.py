@@ -159,18 +159,14 @@ def kernel_ttgir(name: str, num_stages: int, num_warps: int, **overrides) -> str
     constexprs, or pointer types for pointer arguments. Any machine, but the kernels must be
     compiled-mode ones (no TRITON_INTERPRET=1)."""
     import importlib
-    import inspect
 
-    from gdn_fused.eval.ptxas import compile_for
+    from gdn_fused.eval.ptxas import compile_for, missing_arguments
     module, kernel, pointers, consts, _ = KERNELS[name]
     fn = getattr(importlib.import_module(f"gdn_fused.kernels.{module}"), kernel)
     sig = {**pointers, **{k: v for k, v in overrides.items() if k in pointers}}
     consts = {**consts, **{k: v for k, v in overrides.items() if k not in pointers}}
-    defaults = {p.name for p in inspect.signature(fn.fn).parameters.values()
-                if p.default is not inspect.Parameter.empty}
-    for arg in fn.arg_names:
-        if arg not in sig and arg not in consts and arg not in defaults:
-            sig[arg] = "fp32" if arg == "scale" else "i32"
+    for arg in missing_arguments(fn, sig, consts):  # the scalars: T, strides, scale
+        sig[arg] = "fp32" if arg == "scale" else "i32"
     return compile_for(fn, sig, consts, 90, num_warps=num_warps,
                        num_stages=num_stages).asm["ttgir"]
 

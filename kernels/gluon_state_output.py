@@ -184,8 +184,9 @@ def chunk_state_output_gluon(q, k, w, u, G, scale, initial_state, output_final_s
     initial_state [B, HV, 128, 128] (read in fp32) or None. Returns (o [B, T, HV, 128] bf16,
     final state [B, HV, 128, 128] fp32 or None). Raises ValueError for tensors not on an NVIDIA
     sm_90 GPU, T = 0, head dims other than 128, non-bf16 q/k/w/u, shapes that do not match or
-    HV not a multiple of H (gluon_transposed.check_state_inputs); dense batches only (the chunk size is fixed at 64). Math: the chunkwise Gated
-    DeltaNet forward (Yang, Kautz & Hatamizadeh, arXiv:2412.06464, §3.3)."""
+    HV not a multiple of H (gluon_transposed.check_state_inputs); dense batches only (the
+    chunk size is fixed at 64). Math: the chunkwise Gated DeltaNet forward (Yang, Kautz &
+    Hatamizadeh, arXiv:2412.06464, §3.3)."""
     from gdn_fused.kernels.gluon_transposed import check_state_inputs
     check_state_inputs("chunk_state_output_gluon", q, k, u, G, initial_state, None,
                        (("w", w, HEAD_DIM), ("u", u, HEAD_DIM)))
