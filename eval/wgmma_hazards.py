@@ -115,18 +115,18 @@ _DENSE = dict(H=16, HV=32, K=128, V=128, BT=64, IS_VARLEN=False, DOT_PREC="tf32"
 _STATE_LAUNCHES = [dict(num_warps=4, num_stages=st, BV=bv) for bv in (32, 64) for st in (3, 2)]
 KERNELS = {
     "wu_bwd": ("wu_bwd", "wu_bwd_kernel", dict(
-        k=_BF, v=_BF, g=_F32, beta=_F32, Ai=_F32, dw=_BF, dv2=_BF, dk=_F32, dg_part=_F32,
+        k=_BF, v=_BF, g=_F32, beta=_F32, Ai=_F32, dw=_BF, dv2=_BF, dk=_BF, dg_part=_F32,
         dv=_BF, dbeta=_F32, dg=_F32, cu_seqlens=_I32, chunk_indices=_I32),
-        dict(_DENSE, NK=2, BK=64, BV=64), [dict(num_warps=4, num_stages="STAGES")]),
+        dict(_DENSE, NK=2, NKP=2, BK=64, BV=64), [dict(num_warps=4, num_stages="STAGES")]),
     "chunk_bwd_dqkwg": ("chunk_bwd_dqkwg", "chunk_bwd_dqkwg_kernel", dict(
-        q=_BF, k=_BF, v_new=_BF, h=_BF, dh=_BF, g=_F32, do=_BF, dv2=_BF, dq=_F32, dk=_F32,
+        q=_BF, k=_BF, v_new=_BF, h=_BF, dh=_BF, g=_F32, do=_BF, dv2=_BF, dq=_BF, dk=_BF,
         dw=_BF, dg=_F32, cu_seqlens=_I32, chunk_indices=_I32, chunk_offsets=_I32),
-        dict(_DENSE, BK=64), [dict(num_warps=4, num_stages=3, BV="BLOCK_V")]),
+        dict(_DENSE), [dict(num_warps=4, num_stages=3, BK="BLOCK_K", BV="BLOCK_V")]),
     "chunk_bwd_dv_local": ("chunk_bwd_dv", "chunk_bwd_dv_local_kernel", dict(
-        q=_BF, k=_BF, g=_F32, do=_BF, dv=_F32, cu_seqlens=_I32, chunk_indices=_I32),
+        q=_BF, k=_BF, g=_F32, do=_BF, dv=_BF, cu_seqlens=_I32, chunk_indices=_I32),
         dict(_DENSE, BK=128, BV=64), [dict(num_warps=4, num_stages=3)]),
     "chunk_bwd_state": ("chunk_bwd_state", "chunk_bwd_state_kernel", dict(
-        q=_BF, k=_BF, w=_BF, g=_F32, do=_BF, dv_local=_F32, dh=_BF, dv2=_BF, dht=_F32,
+        q=_BF, k=_BF, w=_BF, g=_F32, do=_BF, dv_local=_BF, dh=_BF, dv2=_BF, dht=_F32,
         dh0=_F32, cu_seqlens=_I32, chunk_offsets=_I32),
         dict(_DENSE, BK=128, USE_FINAL_STATE_GRAD=True, STORE_INITIAL_STATE_GRAD=True),
         _STATE_LAUNCHES),

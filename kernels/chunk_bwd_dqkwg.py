@@ -13,8 +13,8 @@ q_i · (scale e^{G_i} dO_i hᵀ) and e^{G_C} ⟨h, dh⟩ at the last row; pair t
 (i > j) and k_j · (e^{G_C − G_j} dh v'_j) for the pair (C, j). Every exponential is of a masked
 difference G_i − G_j ≤ 0 or of G ≤ 0 itself: no overflow and no cancelling pairs, whatever the
 decay. Same dQ/dK/dW math as flash-linear-attention's chunk_bwd_dqkwg (fla/ops/common/
-chunk_o.py), which however forms dg by cancellation; the key dimension is split in blocks of at
-most 64 columns, each program writing its own partial dg (all terms are linear in the key
+chunk_o.py), which however forms dg by cancellation; the key dimension is split in blocks of
+BLOCK_K, each program writing its own partial dg (all terms are linear in the key
 block; summed in kernels/wu_bwd.py).
 """
 import torch
@@ -26,20 +26,39 @@ from gdn_fused.kernels.chunk_gate_bwd import chunk_gate_bwd
 from gdn_fused.kernels.chunk_index import (chunk_head_grid, chunk_program, first_chunk,
                                            grid_position)
 
-BLOCK_K = 64  # key columns per program: three [C, 64] fp32 accumulators fit in registers
-# Value columns a step of the loop over V: all of them (one step at V ≤ 128). With two steps of
-# 64, Triton 3.6's software pipelining keeps the step's four wgmmas in flight while it
+# The default launch at K = 128: two programs a (chunk, value head), 64 key columns each, in 4
+# warps (255 registers: 2 programs an SM), all 128 value columns in one loop step. Past one
+# value step, Triton 3.6's software pipelining keeps the step's wgmmas in flight while it
 # prefetches into the h and dh tile slots they read (eval/wgmma_hazards.py flags it at 2 and 3
-# stages), the race that made wu_bwd's dβ / dg vary (docs/backward.md, "Determinism"); one
-# step leaves nothing to prefetch, and past V = 128 the launch drops to one stage. H200
-# (session 8, (1, 32768)): one step of 128 1,986 µs; two of 64 at one stage 2,058, at Triton's
-# 3 stages (the race) 1,818.
+# stages), the race that made wu_bwd's dβ / dg vary (docs/backward.md, "Determinism"): such
+# launches run one stage. H200, (1, 32768), dq / dk partials in bf16 (session 9): this launch
+# 1,820 µs; all 128 key columns a program in 8 warps (V', dO and dV' read once, not twice:
+# 3.1 GB moved instead of 3.9; 242 registers, one program an SM) with two value steps of 64
+# at one stage 1,993, with one step of 128 (572 B of spills) 2,519; two value steps of 64 at
+# 4 warps pipelined over 3 stages (the race) 1,642. One program an SM at one stage leaves
+# every load exposed; two programs an SM hide each other's.
+BLOCK_K = 64
 BLOCK_V = 128
+WIDE_WARPS = 8  # warps of a program past 64 key columns (launch sweeps: block_k = 128)
 
 
-def key_block(K: int) -> int:
-    """Key columns per block in the dQ/dK/dW kernels (and the blocks of their partial dg)."""
-    return min(BLOCK_K, max(16, triton.next_power_of_2(K)))
+def key_block(K: int, block: int = BLOCK_K) -> int:
+    """Key columns a program or loop step takes: ``block`` (here BLOCK_K, the blocks of the
+    partial dg), or all K rounded up to a power of two (at least 16) when fewer."""
+    return min(block, max(16, triton.next_power_of_2(K)))
+
+
+def default_launch(K: int, V: int, block_k: int = None, block_v: int = None) -> dict:
+    """BK, BV, num_warps and (past one value step) num_stages of a launch (see BLOCK_K): up to
+    BLOCK_K key columns a program, in 4 warps (WIDE_WARPS past 64 key columns); up to BLOCK_V
+    value columns a step; one stage when the value loop has more than one step.
+    ``block_k``, ``block_v``: other blocks (launch sweeps), the rest chosen for them."""
+    BK = block_k or key_block(K)
+    BV = block_v or min(BLOCK_V, max(16, triton.next_power_of_2(V)))
+    launch = dict(BK=BK, BV=BV, num_warps=WIDE_WARPS if BK > 64 else 4)
+    if triton.cdiv(V, BV) > 1:
+        launch["num_stages"] = 1
+    return launch
 
 
 @triton.jit
@@ -134,28 +153,30 @@ def chunk_bwd_dqkwg(q, k, v_new, h, dh, g, do, dv2, scale, chunk_size, cu_seqlen
         (state entering / gradient of the state leaving each chunk); g: ``[B, T, HV]`` per-token
         log-decay.
     Returns:
-        ``(dq [B,T,HV,K] fp32, dk [B,T,HV,K] fp32 (partial), dw [B,T,HV,K] in k's dtype,
+        ``(dq [B,T,HV,K] in q's dtype, dk [B,T,HV,K] in k's dtype (partial), dw like dk,
         dg [NK, B, T, HV] fp32 — per-token, per key block, partial)``, per value head (GVA
         sums later). ``block_v`` (value columns a loop step), ``block_k`` (key columns a
         program; dg then has K / block_k blocks) and ``launch`` (num_warps, num_stages)
-        override the defaults for launch sweeps; a ``block_v`` below V runs the launch at one
-        stage unless ``launch`` names num_stages (BLOCK_V's race).
+        override the defaults for launch sweeps (:func:`default_launch` fills in the rest: a
+        loop of several value steps runs one stage unless ``launch`` names num_stages).
     """
     B, T, H, K = q.shape
     HV, V = do.shape[2], do.shape[3]
-    BK = block_k or key_block(K)
+    config = {**default_launch(K, V, block_k, block_v), **launch}
+    BK = config["BK"]
     NK = triton.cdiv(K, BK)
     alloc = torch.zeros if cu_seqlens is not None else torch.empty
-    dq = alloc(B, T, HV, K, dtype=torch.float32, device=q.device)
-    dk = alloc(B, T, HV, K, dtype=torch.float32, device=q.device)
+    # per value head in the data dtype, as fla's chunk_bwd_dqkwg stores them: in fp32 they
+    # moved 24 bytes per token, value head and key column through HBM (dq written here and
+    # read by group_sum; dk written here, read and rewritten by wu_bwd, read by group_sum),
+    # 12 in bf16, for one rounding of each partial before the fp32 GVA sum
+    dq = alloc(B, T, HV, K, dtype=q.dtype, device=q.device)
+    dk = alloc(B, T, HV, K, dtype=k.dtype, device=q.device)
     dw = alloc(B, T, HV, K, dtype=k.dtype, device=q.device)
     dg = alloc(NK, B, T, HV, dtype=torch.float32, device=q.device)
     NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, chunk_size)
-    BV = block_v or min(BLOCK_V, max(16, triton.next_power_of_2(V)))
-    if triton.cdiv(V, BV) > 1:  # several steps: no pipelining (BLOCK_V's race)
-        launch = {"num_stages": 1, **launch}
     chunk_bwd_dqkwg_kernel[chunk_head_grid(NT, B, HV, NK)](
         q, k, v_new, h, dh, g, do, dv2, dq, dk, dw, dg, cu_seqlens, chunk_indices, chunk_offsets,
-        scale, T, dg.stride(0), H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK,
-        BV=BV, IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision, **launch)
+        scale, T, dg.stride(0), H=H, HV=HV, K=K, V=V, BT=chunk_size,
+        IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision, **config)
     return dq, dk, dw, dg

@@ -45,11 +45,14 @@ def chunk_bwd_dv_local_kernel(q, k, g, do, dv, cu_seqlens, chunk_indices, scale,
 def chunk_bwd_dv_local(q, k, g, do, scale, chunk_size, cu_seqlens=None, chunk_indices=None,
                        num_chunks=None, dot_precision="ieee"):
     """q, k [B,T,H,K]; g [B,T,HV] per-token log-decay; do [B,T,HV,V]
-    -> dV'_local [B,T,HV,V] fp32 (a packed buffer's tail past cu_seqlens[-1] is 0)."""
+    -> dV'_local [B,T,HV,V] in do's dtype (a packed buffer's tail past cu_seqlens[-1] is 0).
+    Stored as fla stores it (fla/ops/common/chunk_o.py, chunk_bwd_dv_local): the kernel moved
+    4 bytes per token, value head and value column in fp32 of its 6 (q, k and dO read once);
+    chunk_bwd_state adds its state term in fp32 to the rounded value."""
     B, T, H, K = q.shape
     HV, V = do.shape[2], do.shape[3]
     alloc = torch.zeros if cu_seqlens is not None else torch.empty
-    dv = alloc(B, T, HV, V, dtype=torch.float32, device=q.device)
+    dv = alloc(B, T, HV, V, dtype=do.dtype, device=q.device)
     NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, chunk_size)
     chunk_bwd_dv_local_kernel[chunk_head_grid(NT, B, HV)](
         q, k, g, do, dv, cu_seqlens, chunk_indices, scale, T, H=H, HV=HV, K=K, V=V,

@@ -62,7 +62,7 @@ def chunk_bwd_state_kernel(q, k, w, g, do, dv_local, dh, dv2, dht, dh0, cu_seqle
         b_qt = tl.load(p_qt, boundary_check=(0, 1), padding_option="zero")
         b_wt = tl.load(p_wt, boundary_check=(0, 1), padding_option="zero")
         b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-        b_dv = tl.load(p_dvl, boundary_check=(0, 1), padding_option="zero")
+        b_dv = tl.load(p_dvl, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
         # the state leaving the chunk saw row i decayed by e^{G_C − G_i} ≤ 1
         b_dv += tl.dot(b_k, b_dh.to(b_k.dtype), input_precision=DOT_PREC) \
             * decay(b_G_last - b_G, valid)[:, None]
@@ -86,7 +86,7 @@ def chunk_bwd_state(q, k, w, g, do, dv_local, scale, dht, initial_state, chunk_s
     Args:
         q, k: ``[B, T, H, K]``; w: ``[B, T, HV, K]`` (W of the forward, recomputed);
         g: ``[B, T, HV]`` per-token log-decay; do: ``[B, T, HV, V]``;
-        dv_local: ``[B, T, HV, V]`` fp32 (kernels/chunk_bwd_dv.py); dht: ``[N, HV, K, V]``
+        dv_local: ``[B, T, HV, V]`` (kernels/chunk_bwd_dv.py); dht: ``[N, HV, K, V]``
         cotangent of the final state or None;
         initial_state: ``[N, HV, K, V]`` or None (then no dh0 is produced).
     Returns:

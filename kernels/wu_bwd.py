@@ -31,11 +31,15 @@ from gdn_fused.kernels.kkt_bwd import gated_kkt_bwd_gates, gated_kkt_bwd_keys, k
 # run to run (tests/test_backward.py, GPU). eval/wgmma_hazards.py flags the pattern in the
 # TTGIR at 2 and 3 stages and finds it gone at STAGES (tests/test_wgmma_hazards.py, any machine).
 STAGES = 1
+# Key columns a step of the two key loops; chunk_bwd_dqkwg's key blocks (the NKP partial dg it
+# writes) may differ, their partials are summed in a loop of their own
+BLOCK_K = 64
 
 
 @triton.jit
 def wu_bwd_kernel(k, v, g, beta, Ai, dw, dv2, dk, dg_part, dv, dbeta, dg, cu_seqlens,
-                  chunk_indices, T, s_dgp, NK: tl.constexpr, H: tl.constexpr, HV: tl.constexpr,
+                  chunk_indices, T, s_dgp, NK: tl.constexpr, NKP: tl.constexpr, H: tl.constexpr,
+                  HV: tl.constexpr,
                   K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                   BV: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr):
     i_t, i_hv, i_h, bos, seqlen = chunk_head_program(T, cu_seqlens, chunk_indices, H, HV, BT,
@@ -63,8 +67,6 @@ def wu_bwd_kernel(k, v, g, beta, Ai, dw, dv2, dk, dg_part, dv, dbeta, dg, cu_seq
                                 (i_t * BT, i_k * BK), (BT, BK), (1, 0))
         p_dw = tl.make_block_ptr(dw + (bos * HV + i_hv) * K, (seqlen, K), (HV * K, 1),
                                  (i_t * BT, i_k * BK), (BT, BK), (1, 0))
-        p_dgp = tl.make_block_ptr(dg_part + i_k * s_dgp + bos * HV + i_hv, (seqlen,), (HV,),
-                                  (i_t * BT,), (BT,), (0,))
         b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
         b_dw = tl.load(p_dw, boundary_check=(0, 1), padding_option="zero")
         b_kbg = (b_k.to(tl.float32) * b_bg[:, None]).to(b_k.dtype)
@@ -72,8 +74,12 @@ def wu_bwd_kernel(k, v, g, beta, Ai, dw, dv2, dk, dg_part, dv, dbeta, dg, cu_seq
         b_kTdw = tl.sum(tl.dot(b_Tt, b_dw, input_precision=DOT_PREC) * b_k.to(tl.float32), 1)
         b_db += b_kTdw * b_eG
         b_a += b_kTdw * b_bg
-        b_dg += tl.load(p_dgp, boundary_check=(0,), padding_option="zero")
         b_kk += tl.dot(b_k, tl.trans(b_k), input_precision=DOT_PREC)
+    # the partial dg of chunk_bwd_dqkwg's NKP key blocks (its blocks, not this kernel's)
+    for i_p in range(NKP):
+        p_dgp = tl.make_block_ptr(dg_part + i_p * s_dgp + bos * HV + i_hv, (seqlen,), (HV,),
+                                  (i_t * BT,), (BT,), (0,))
+        b_dg += tl.load(p_dgp, boundary_check=(0,), padding_option="zero")
     for i_v in range(tl.cdiv(V, BV)):
         p_v = tl.make_block_ptr(v + (bos * HV + i_hv) * V, (seqlen, V), (HV * V, 1),
                                 (i_t * BT, i_v * BV), (BT, BV), (1, 0))
@@ -120,7 +126,8 @@ def wu_bwd(k, v, g, beta, Ai, dw, dv2, dk, dg_part, chunk_size, cu_seqlens=None,
     Args:
         k: ``[B, T, H, K]``; v: ``[B, T, HV, V]``; g (per token), beta: ``[B, T, HV]``;
         Ai: ``[B, T, HV, C]`` fp32 T = (I + A)⁻¹ (kernels/kkt_solve.py); dw: ``[B, T, HV, K]``;
-        dv2: like v; dk: ``[B, T, HV, K]`` fp32 partial, **completed in place**;
+        dv2: like v; dk: ``[B, T, HV, K]`` partial in k's dtype, **completed in place** (the
+        sum formed in fp32, rounded once);
         dg_part: ``[NK, B, T, HV]`` fp32 per-token partial dg (kernels/chunk_bwd_dqkwg.py).
     Returns:
         ``(dv like v, dbeta like beta, dg like g)``; a packed buffer's tail past
@@ -129,8 +136,7 @@ def wu_bwd(k, v, g, beta, Ai, dw, dv2, dk, dg_part, chunk_size, cu_seqlens=None,
     """
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
-    NK = dg_part.shape[0]
-    BK = key_block(K)
+    BK = key_block(K, BLOCK_K)
     alloc = torch.zeros if cu_seqlens is not None else torch.empty
     dv = alloc(v.shape, dtype=v.dtype, device=v.device)
     dbeta = alloc(beta.shape, dtype=beta.dtype, device=v.device)
@@ -140,7 +146,8 @@ def wu_bwd(k, v, g, beta, Ai, dw, dv2, dk, dg_part, chunk_size, cu_seqlens=None,
     launch = {"num_stages": STAGES, **launch}
     wu_bwd_kernel[chunk_head_grid(NT, B, HV)](
         k, v, g, beta, Ai, dw, dv2, dk, dg_part, dv, dbeta, dg, cu_seqlens, chunk_indices, T,
-        dg_part.stride(0), NK=NK, H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK,
+        dg_part.stride(0), NK=triton.cdiv(K, BK), NKP=dg_part.shape[0], H=H, HV=HV, K=K, V=V,
+        BT=chunk_size, BK=BK,
         BV=block_v or min(64, max(16, triton.next_power_of_2(V))),
         IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision, **launch)
     return dv, dbeta, dg

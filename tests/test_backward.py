@@ -98,11 +98,14 @@ def test_backward_fp32(case):
             assert torch.equal(d[0, end:], torch.zeros_like(d[0, end:])), name
 
 
-def test_backward_two_key_blocks(monkeypatch):
-    """K split into two key blocks (the GPU's K = 128 at 64 a block; 16 here) with two batch
-    rows: the per-block partial dg is read back at the right key block and batch row."""
-    from gdn_fused.kernels import chunk_bwd_dqkwg
-    monkeypatch.setattr(chunk_bwd_dqkwg, "BLOCK_K", 16)
+@pytest.mark.parametrize("module", ["chunk_bwd_dqkwg", "wu_bwd"])
+def test_backward_two_key_blocks(monkeypatch, module):
+    """K split into two key blocks (16 here) by one kernel while the other takes all of K, with
+    two batch rows: chunk_bwd_dqkwg's per-block partial dg is read back at the right key block
+    and batch row, and wu_bwd's key loop runs over more blocks than there are partials (the
+    GPU's K = 128: one dqkwg block, two of 64 in wu_bwd)."""
+    import importlib
+    monkeypatch.setattr(importlib.import_module(f"gdn_fused.kernels.{module}"), "BLOCK_K", 16)
     case = ("nk2-b2", 2, 70, 1, 2, 32, 16, "normal", True, None, 64)
     xs, do, dht, cu = inputs(case, torch.float32, "cpu")
     err = errors(triton_grads(xs, do, dht, cu, 64), case_truth(case, xs, do, dht, cu))
