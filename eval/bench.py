@@ -384,7 +384,7 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS):
     from gdn_fused.kernels.chunk_state import chunk_state
     from gdn_fused.kernels.group_sum import group_sum
     from gdn_fused.kernels.kkt import dot_precision
-    from gdn_fused.kernels.kkt_solve import chunk_inverse
+    from gdn_fused.kernels.kkt_solve import chunk_inverse, default_inverse_dtype
     from gdn_fused.kernels.wu import recompute_w_u
     from gdn_fused.kernels.wu_bwd import wu_bwd
     q, k, v, g, beta, h0 = make_inputs(B, T)
@@ -392,7 +392,7 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS):
     prec = dot_precision(q.dtype)
     N, offsets, idx = chunk_layout(None, B, CHUNK)
     G = chunk_cumsum(g, CHUNK, **idx)
-    Ai = chunk_inverse(k, G, beta, HV, CHUNK, torch.float32, **idx)
+    Ai = chunk_inverse(k, G, beta, HV, CHUNK, default_inverse_dtype(q.dtype), **idx)
     w, u = recompute_w_u(k, v, G, beta, Ai, dot_precision=prec, **idx)
     h, v_new, _ = chunk_state(k, w, u, G, h0, False, CHUNK, N, chunk_offsets=offsets,
                               num_chunks=idx["num_chunks"], dot_precision=prec)
@@ -403,8 +403,8 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS):
     dq, dk, dw, dg_part = chunk_bwd_dqkwg(q, k, v_new, h, dh, g, do, dv2, scale, CHUNK,
                                           chunk_offsets=offsets, dot_precision=prec, **idx)
     kernels = {
-        "chunk_inverse": lambda **kw: chunk_inverse(k, G, beta, HV, CHUNK, torch.float32,
-                                                    **idx, **kw),
+        "chunk_inverse": lambda **kw: chunk_inverse(
+            k, G, beta, HV, CHUNK, default_inverse_dtype(q.dtype), **idx, **kw),
         "recompute_w_u": lambda **kw: recompute_w_u(k, v, G, beta, Ai, dot_precision=prec,
                                                     **idx, **kw),
         "chunk_state": lambda **kw: chunk_state(k, w, u, G, h0, False, CHUNK, N,

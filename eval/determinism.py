@@ -39,7 +39,7 @@ def run_twice(T=8192, launches=(), device="cuda", dtype=torch.bfloat16):
     from gdn_fused.kernels.chunk_gate import chunk_cumsum
     from gdn_fused.kernels.chunk_state import chunk_state
     from gdn_fused.kernels.kkt import dot_precision
-    from gdn_fused.kernels.kkt_solve import chunk_inverse
+    from gdn_fused.kernels.kkt_solve import chunk_inverse, default_inverse_dtype
     from gdn_fused.kernels.wu import recompute_w_u
     from gdn_fused.kernels.wu_bwd import wu_bwd
     from tests.cases import make_inputs
@@ -52,8 +52,9 @@ def run_twice(T=8192, launches=(), device="cuda", dtype=torch.bfloat16):
     scale, C, prec = 128 ** -0.5, 64, dot_precision(q.dtype)
     d = {}
     G = _twice(d, "chunk_cumsum", lambda: (chunk_cumsum(g, C),), ["G"])[0]
-    Ai = _twice(d, "chunk_inverse (fp32 T)",
-                lambda: (chunk_inverse(k, G, beta, HV, C, torch.float32),), ["T"])[0]
+    Ai = _twice(d, "chunk_inverse", lambda: (chunk_inverse(k, G, beta, HV, C,
+                                                           default_inverse_dtype(q.dtype)),),
+                ["T"])[0]
     w, u = _twice(d, "recompute_w_u",
                   lambda: recompute_w_u(k, v, G, beta, Ai, dot_precision=prec), ["w", "u"])
     h, v_new, _ = _twice(d, "chunk_state", lambda: chunk_state(k, w, u, G, h0, False, C, B,

@@ -30,7 +30,7 @@ from gdn_fused.kernels.chunk_index import chunk_layout
 from gdn_fused.kernels.chunk_state import chunk_state
 from gdn_fused.kernels.group_sum import group_sum
 from gdn_fused.kernels.kkt import dot_precision
-from gdn_fused.kernels.kkt_solve import chunk_inverse
+from gdn_fused.kernels.kkt_solve import chunk_inverse, default_inverse_dtype
 from gdn_fused.kernels.materialized import contiguous, uses_state_output_kernel
 from gdn_fused.kernels.wu import recompute_w_u
 from gdn_fused.kernels.wu_bwd import wu_bwd
@@ -80,10 +80,11 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, initial_state, do, dht, 
     HV = v.shape[2]
     prec = dot_precision(q.dtype)
     N, chunk_offsets, idx = chunk_layout(cu_seqlens, B, chunk_size, cu_seqlens_cpu)
-    # recompute the forward's intermediates (T kept in fp32: dA = −Tᵀ dT Tᵀ is formed from it;
-    # always the stable blocked inverse, whatever solve_method the forward ran)
+    # recompute the forward's intermediates with its kernels and T's storage dtype (the same
+    # W, U, h and v_new as a default materialized forward; always the stable blocked inverse,
+    # whatever solve_method the forward ran)
     G = chunk_cumsum(g, chunk_size, **idx)
-    Ai = chunk_inverse(k, G, beta, HV, chunk_size, torch.float32, **idx)
+    Ai = chunk_inverse(k, G, beta, HV, chunk_size, default_inverse_dtype(q.dtype), **idx)
     w, u = recompute_w_u(k, v, G, beta, Ai, dot_precision=prec, **idx)
     h, v_new = recompute_states(q, k, w, u, G, initial_state, chunk_size, N, cu_seqlens,
                                 chunk_offsets, idx["num_chunks"], prec)

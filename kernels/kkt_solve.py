@@ -532,6 +532,13 @@ def kkt_solve_from_k(k, G, beta, num_value_heads, chunk_size, output_dtype=torch
 A_THROUGH_HBM = True
 
 
+def default_inverse_dtype(dtype: torch.dtype) -> torch.dtype:
+    """T's storage dtype for data in ``dtype``, in the forward and in the backward's recompute
+    alike (so the backward differentiates the W, U the forward computed): fp32 for fp32 data,
+    else the data dtype, which is what the W/U products read it in (fla stores its A so too)."""
+    return torch.float32 if dtype == torch.float32 else dtype
+
+
 def chunk_inverse(k, G, beta, num_value_heads, chunk_size, output_dtype=torch.float32,
                   cu_seqlens=None, chunk_indices=None, num_chunks=None,
                   solve_method="blocked", solve_iters=None):

@@ -21,7 +21,7 @@ from gdn_fused.kernels.chunk_index import chunk_layout
 from gdn_fused.kernels.chunk_output import chunk_output
 from gdn_fused.kernels.chunk_state import chunk_state
 from gdn_fused.kernels.kkt import dot_precision
-from gdn_fused.kernels.kkt_solve import chunk_inverse
+from gdn_fused.kernels.kkt_solve import chunk_inverse, default_inverse_dtype
 from gdn_fused.kernels.wu import recompute_w_u
 
 
@@ -78,7 +78,7 @@ def materialized_fwd(q, k, v, g, beta, scale, initial_state, output_final_state,
     N, chunk_offsets, idx = chunk_layout(cu_seqlens, q.shape[0], chunk_size, cu_seqlens_cpu)
     G = chunk_cumsum(g, chunk_size, **idx)
     Ai = chunk_inverse(k, G, beta, HV, chunk_size,
-                       inverse_dtype or (torch.float32 if q.dtype == torch.float32 else q.dtype),
+                       inverse_dtype or default_inverse_dtype(q.dtype),
                        solve_method=solve_method, solve_iters=solve_iters, **idx)
     w, u = recompute_w_u(k, v, G, beta, Ai, dot_precision=prec, **idx)
     if uses_state_output_kernel(q, v, chunk_size, cu_seqlens):

@@ -125,7 +125,8 @@ def wu_bwd(k, v, g, beta, Ai, dw, dv2, dk, dg_part, chunk_size, cu_seqlens=None,
 
     Args:
         k: ``[B, T, H, K]``; v: ``[B, T, HV, V]``; g (per token), beta: ``[B, T, HV]``;
-        Ai: ``[B, T, HV, C]`` fp32 T = (I + A)⁻¹ (kernels/kkt_solve.py); dw: ``[B, T, HV, K]``;
+        Ai: ``[B, T, HV, C]`` T = (I + A)⁻¹ (kernels/kkt_solve.py; fp32 or the data dtype, read
+        in fp32); dw: ``[B, T, HV, K]``;
         dv2: like v; dk: ``[B, T, HV, K]`` partial in k's dtype, **completed in place** (the
         sum formed in fp32, rounded once);
         dg_part: ``[NK, B, T, HV]`` fp32 per-token partial dg (kernels/chunk_bwd_dqkwg.py).
