@@ -349,12 +349,14 @@ def bench_stages(B=1, T=32768):
 # stages and dqkwg at 64 value columns and 3 stages time the miscompiled pipelines, for what
 # the pipelining would be worth (chunk_bwd_dqkwg.BLOCK_V, wu_bwd.STAGES); dqkwg at 64 columns
 # alone runs one stage (its launcher's rule past one value block).
-# Session 9 (dq / dk partials in bf16): dqkwg's default 1,820 µs; all 128 key columns a
-# program in 8 warps, two value steps of 64 at one stage 1,993; the same with one step of 128
-# (spills) 2,519; the racing pipelined form (64 value columns, 3 stages) 1,642.
+# Session 9 (dq / dk partials in bf16): dqkwg 1,820 µs with q, k loaded after the value loop;
+# all 128 key columns a program in 8 warps, two value steps of 64 at one stage 1,993; the same
+# with one step of 128 (spills) 2,519; the racing pipelined form (64 value columns, 3 stages)
+# 1,642; q and k loaded before the loop (QK_FIRST, the default since) 1,767 against 1,851.
 BWD_VARIANTS = [("chunk_bwd_state", dict(block_v=bv)) for bv in (16, 64)] + [
     ("wu_bwd", dict(num_stages=3)), ("chunk_bwd_dqkwg", dict(block_k=128, block_v=64)),
-    ("chunk_bwd_dqkwg", dict(block_v=64, num_stages=3))]
+    ("chunk_bwd_dqkwg", dict(block_v=64, num_stages=3)),
+    ("chunk_bwd_dqkwg", dict(QK_FIRST=True)), ("chunk_bwd_dqkwg", dict(QK_FIRST=False))]
 # Shared memory and registers (eval.ptxas, sm_90a, K = V = 128): chunk_state's three stages
 # take 117 KB (one program an SM: 8 warps an SM at B·HV ≥ 132), two 81 KB; chunk_output holds
 # 150 registers at 4 warps (3 programs an SM), chunk_bwd_dqkwg 255 at 4 warps with 105 KB of

@@ -17,6 +17,8 @@ chunk_o.py), which however forms dg by cancellation; the key dimension is split 
 BLOCK_K, each program writing its own partial dg (all terms are linear in the key
 block; summed in kernels/wu_bwd.py).
 """
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -61,12 +63,33 @@ def default_launch(K: int, V: int, block_k: int = None, block_v: int = None) -> 
     return launch
 
 
+# The chunk's q and k tiles are loaded before the value loop, with its loads, rather than after
+# its products, where the gate terms waited on them: H200 (session 9, (1, 32768)) 1,767 µs
+# against 1,851 in the same run; eval.ptxas 255 registers, 4 B of spills, 96 KB of shared
+# memory instead of 80 (still 2 programs an SM); no wgmma hazard at 1 or 3 stages (eval/
+# wgmma_hazards.py). GDN_DQKWG_QK_FIRST=0 restores the old order (A/B runs of the whole
+# backward); the QK_FIRST launch option picks either per launch (eval.bench --sweep bwd)
+QK_LOADS_FIRST = os.environ.get("GDN_DQKWG_QK_FIRST", "1") != "0"
+
+
+@triton.jit
+def qk_tiles(q, k, bos, i_t, i_k, i_h, seqlen, H: tl.constexpr, K: tl.constexpr,
+             BT: tl.constexpr, BK: tl.constexpr):
+    """The chunk's [BT, BK] tiles of q and k (key block i_k, q/k head i_h), zero past seqlen."""
+    p_q = tl.make_block_ptr(q + (bos * H + i_h) * K, (seqlen, K), (H * K, 1),
+                            (i_t * BT, i_k * BK), (BT, BK), (1, 0))
+    p_k = tl.make_block_ptr(k + (bos * H + i_h) * K, (seqlen, K), (H * K, 1),
+                            (i_t * BT, i_k * BK), (BT, BK), (1, 0))
+    return (tl.load(p_q, boundary_check=(0, 1), padding_option="zero"),
+            tl.load(p_k, boundary_check=(0, 1), padding_option="zero"))
+
+
 @triton.jit
 def chunk_bwd_dqkwg_kernel(q, k, v_new, h, dh, g, do, dv2, dq, dk, dw, dg, cu_seqlens,
                            chunk_indices, chunk_offsets, scale, T, s_dg, H: tl.constexpr,
                            HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                            BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr,
-                           DOT_PREC: tl.constexpr):
+                           DOT_PREC: tl.constexpr, QK_FIRST: tl.constexpr = QK_LOADS_FIRST):
     i_k, i_bh, i_tg = grid_position(T, HV, BT, IS_VARLEN, (K + BK - 1) // BK)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
@@ -78,6 +101,8 @@ def chunk_bwd_dqkwg_kernel(q, k, v_new, h, dh, g, do, dv2, dq, dk, dw, dg, cu_se
     b_dw = tl.zeros([BT, BK], dtype=tl.float32)
     b_dM = tl.zeros([BT, BT], dtype=tl.float32)
     b_hdh = tl.zeros([1], dtype=tl.float32)  # ⟨h, dh⟩ over this key block
+    if QK_FIRST:  # issued with the value loop's loads rather than after its products
+        b_q, b_k = qk_tiles(q, k, bos, i_t, i_k, i_h, seqlen, H, K, BT, BK)
     for i_v in range(tl.cdiv(V, BV)):
         p_h = tl.make_block_ptr(h + p_state, (V, K), (1, V), (i_v * BV, i_k * BK), (BV, BK),
                                 (0, 1))
@@ -99,12 +124,8 @@ def chunk_bwd_dqkwg_kernel(q, k, v_new, h, dh, g, do, dv2, dq, dk, dw, dg, cu_se
         b_dw += tl.dot(b_dv, b_ht.to(b_dv.dtype), input_precision=DOT_PREC)
         b_dM += tl.dot(b_do, tl.trans(b_vn), input_precision=DOT_PREC)
         b_hdh += tl.sum(tl.sum(b_ht.to(tl.float32) * b_dht.to(tl.float32), 1))
-    p_q = tl.make_block_ptr(q + (bos * H + i_h) * K, (seqlen, K), (H * K, 1),
-                            (i_t * BT, i_k * BK), (BT, BK), (1, 0))
-    p_k = tl.make_block_ptr(k + (bos * H + i_h) * K, (seqlen, K), (H * K, 1),
-                            (i_t * BT, i_k * BK), (BT, BK), (1, 0))
-    b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero")
-    b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
+    if not QK_FIRST:
+        b_q, b_k = qk_tiles(q, k, bos, i_t, i_k, i_h, seqlen, H, K, BT, BK)
     b_G = chunk_log_decay(g, bos, i_t, seqlen, i_hv, HV, BT)
     o_i = tl.arange(0, BT)
     valid = (i_t * BT + o_i) < seqlen

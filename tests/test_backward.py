@@ -123,6 +123,23 @@ def test_backward_two_value_blocks(monkeypatch):
     assert max(err.values()) <= CPU_BOUND[torch.float32], err
 
 
+def test_dqkwg_q_and_k_loaded_first_changes_nothing():
+    """chunk_bwd_dqkwg with the q and k tiles loaded before the value loop (QK_FIRST, an A/B
+    launch option): the same outputs to the bit, here under the interpreter."""
+    from gdn_fused.kernels.chunk_bwd_dqkwg import chunk_bwd_dqkwg
+    gen = torch.Generator().manual_seed(3)
+    B, T, H, HV, K, V, C = 1, 100, 1, 2, 32, 16, 64
+    q, k = (torch.randn(B, T, H, K, generator=gen) for _ in range(2))
+    v_new, do, dv2 = (torch.randn(B, T, HV, V, generator=gen) for _ in range(3))
+    h, dh = (torch.randn(2, HV, K, V, generator=gen) for _ in range(2))
+    g = -torch.rand(B, T, HV, generator=gen)
+    outs = [chunk_bwd_dqkwg(q, k, v_new, h, dh, g, do, dv2, 0.3, C, QK_FIRST=first)
+            for first in (False, True)]
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+    assert outs[0][0].abs().max() > 0
+
+
 FP16_CASES = [c for c in CASES if c[0] in ("strong-partial", "gva3-k48")]
 
 
