@@ -426,7 +426,8 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS):
             dot_precision=prec, **idx, **kw),
         "wu_bwd": lambda **kw: wu_bwd(k, v, g, beta, Ai, dw, dv2, dk, dg_part, CHUNK,
                                       dot_precision=prec, **idx, **kw),
-        # the GVA sums of dq and dk, and torch's two-pass expression they replaced (session 8)
+        # the GVA sums of dq and dk, and torch's expression they replaced (session 8; two passes
+        # over fp32 partials then, one over the bf16 partials of session 9)
         "group_sum dq+dk": lambda: (group_sum(dq, H, q.dtype), group_sum(dk, H, k.dtype)),
         "group_sum dq+dk (torch)": lambda: tuple(
             x.view(B, T, H, HV // H, DIM).sum(3).to(q.dtype) for x in (dq, dk)),

@@ -108,8 +108,9 @@ def refilled_operands(ttgir: str) -> list[tuple[str, str]]:
 # uses) and constexpr overrides. The state passes run BV 32 below B·HV = 66 and 64 above it,
 # each at 3 stages within one wave of programs and 2 past it (chunk_state.state_blocks,
 # state_stages); the W/U kernel runs 4 warps with bf16 T (the forward and, since session 9,
-# the backward's recompute), 8 with fp32 T (materialized_fwd's inverse_dtype). Other arguments are i32 (T, strides) or fp32 (scale). Not here: _fused_fwd_kernel
-# (one stage: nothing pipelined) and the Gluon kernels (see the module docstring).
+# the backward's recompute), 8 with fp32 T (materialized_fwd's inverse_dtype). Other
+# arguments are i32 (T, strides) or fp32 (scale). Not here: _fused_fwd_kernel (one stage:
+# nothing pipelined) and the Gluon kernels (see the module docstring).
 _BF, _F32, _I32 = "*bf16", "*fp32", "*i32"
 _DENSE = dict(H=16, HV=32, K=128, V=128, BT=64, IS_VARLEN=False, DOT_PREC="tf32")
 _STATE_LAUNCHES = [dict(num_warps=4, num_stages=st, BV=bv) for bv in (32, 64) for st in (3, 2)]
@@ -117,7 +118,8 @@ KERNELS = {
     "wu_bwd": ("wu_bwd", "wu_bwd_kernel", dict(
         k=_BF, v=_BF, g=_F32, beta=_F32, Ai=_BF, dw=_BF, dv2=_BF, dk=_BF, dg_part=_F32,
         dv=_BF, dbeta=_F32, dg=_F32, cu_seqlens=_I32, chunk_indices=_I32),
-        dict(_DENSE, NK=2, NKP=2, BK=64, BV=64), [dict(num_warps=4, num_stages="STAGES")]),
+        dict(_DENSE, NK=2, NKP=2, BV=64),
+        [dict(num_warps=4, num_stages="STAGES", BK="BLOCK_K")]),
     "chunk_bwd_dqkwg": ("chunk_bwd_dqkwg", "chunk_bwd_dqkwg_kernel", dict(
         q=_BF, k=_BF, v_new=_BF, h=_BF, dh=_BF, g=_F32, do=_BF, dv2=_BF, dq=_BF, dk=_BF,
         dw=_BF, dg=_F32, cu_seqlens=_I32, chunk_indices=_I32, chunk_offsets=_I32),

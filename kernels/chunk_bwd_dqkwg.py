@@ -44,10 +44,11 @@ BLOCK_V = 128
 WIDE_WARPS = 8  # warps of a program past 64 key columns (launch sweeps: block_k = 128)
 
 
-def key_block(K: int, block: int = BLOCK_K) -> int:
-    """Key columns a program or loop step takes: ``block`` (here BLOCK_K, the blocks of the
-    partial dg), or all K rounded up to a power of two (at least 16) when fewer."""
-    return min(block, max(16, triton.next_power_of_2(K)))
+def key_block(K: int, block: int = None) -> int:
+    """Key columns a program or loop step takes: ``block`` (default BLOCK_K, read at the call,
+    the blocks of the partial dg), or all K rounded up to a power of two (at least 16) when
+    fewer."""
+    return min(block or BLOCK_K, max(16, triton.next_power_of_2(K)))
 
 
 def default_launch(K: int, V: int, block_k: int = None, block_v: int = None) -> dict:
@@ -177,7 +178,7 @@ def chunk_bwd_dqkwg(q, k, v_new, h, dh, g, do, dv2, scale, chunk_size, cu_seqlen
         ``(dq [B,T,HV,K] in q's dtype, dk [B,T,HV,K] in k's dtype (partial), dw like dk,
         dg [NK, B, T, HV] fp32 — per-token, per key block, partial)``, per value head (GVA
         sums later). ``block_v`` (value columns a loop step), ``block_k`` (key columns a
-        program; dg then has K / block_k blocks) and ``launch`` (num_warps, num_stages)
+        program; dg then has cdiv(K, block_k) blocks) and ``launch`` (num_warps, num_stages)
         override the defaults for launch sweeps (:func:`default_launch` fills in the rest: a
         loop of several value steps runs one stage unless ``launch`` names num_stages).
     """

@@ -4,11 +4,12 @@ in fp32 and rounded once to the data dtype, in one pass.
 The backward's dq and dk come out per value head ([B, T, HV, K] in the data dtype, as fla's
 do; fp32 before session 9); q and k have
 H = HV / group heads, value head hv reading head hv // group, so dq[:, :, h] is the sum over
-hv = h·group … h·group + group − 1. torch's ``x.view(B, T, H, group, K).sum(3).to(dtype)``
-takes two passes with an fp32 intermediate (per token: read 4·HV·K bytes, write 4·H·K, read
-them back, write 2·H·K); this kernel reads the partials once and writes the result once. The
-sum runs in fp32 over the group in order, then rounds once (the torch expression's result to
-the bit at group 2; at larger groups torch may add in another order).
+hv = h·group … h·group + group − 1. With the fp32 partials of sessions 5–8, torch's
+``x.view(B, T, H, group, K).sum(3).to(dtype)`` took two passes with an fp32 intermediate (per
+token: read 4·HV·K bytes, write 4·H·K, read them back, write 2·H·K); this kernel reads the
+partials once and writes the result once. The sum runs in fp32 over the group in order, then
+rounds once (torch's sum of the fp32 partials to the bit at group 2; at larger groups torch may
+add in another order).
 """
 import torch
 import triton

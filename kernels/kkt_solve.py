@@ -533,9 +533,10 @@ A_THROUGH_HBM = True
 
 
 def default_inverse_dtype(dtype: torch.dtype) -> torch.dtype:
-    """T's storage dtype for data in ``dtype``, in the forward and in the backward's recompute
-    alike (so the backward differentiates the W, U the forward computed): fp32 for fp32 data,
-    else the data dtype, which is what the W/U products read it in (fla stores its A so too)."""
+    """T's storage dtype for data in ``dtype``, in the materialized forward and in the backward's
+    recompute alike (so that the backward recomputes the W and U a default materialized forward
+    computed; the fused kernel keeps its T in fp32 on chip): fp32 for fp32 data, else the data
+    dtype, which is what the W/U products read it in (fla stores its A so too)."""
     return torch.float32 if dtype == torch.float32 else dtype
 
 

@@ -40,9 +40,11 @@ def wu_kernel(k, v, G, beta, Ai, w, u, cu_seqlens, chunk_indices, T, H: tl.const
                  boundary_check=(0, 1))
 
 
-# Warps by T's dtype. H200 (eval.bench --sweep launch / stages, 2026-11-30): with fp32 T (the
-# backward's recompute) 8 warps take 345 / 350 µs at (1, 32768) / (8, 4096) against 424 / 426
-# at 4; with bf16 T (the forward) 8 warps took 323 µs at (1, 32768) against 298–300 at 4.
+# Warps by T's dtype. H200 (eval.bench --sweep launch / stages, 2026-11-30): with fp32 T (fp32
+# data, or materialized_fwd's inverse_dtype; the backward's recompute until session 8) 8 warps
+# take 345 / 350 µs at (1, 32768) / (8, 4096) against 424 / 426 at 4; with bf16 T (the forward
+# and, since session 9, the backward's recompute) 8 warps took 323 µs at (1, 32768) against
+# 298–300 at 4.
 def _num_warps(Ai):
     return 8 if Ai.dtype == torch.float32 else 4
 

@@ -129,7 +129,8 @@ def wu_bwd(k, v, g, beta, Ai, dw, dv2, dk, dg_part, chunk_size, cu_seqlens=None,
         in fp32); dw: ``[B, T, HV, K]``;
         dv2: like v; dk: ``[B, T, HV, K]`` partial in k's dtype, **completed in place** (the
         sum formed in fp32, rounded once);
-        dg_part: ``[NK, B, T, HV]`` fp32 per-token partial dg (kernels/chunk_bwd_dqkwg.py).
+        dg_part: ``[NKP, B, T, HV]`` fp32 per-token partial dg of chunk_bwd_dqkwg's NKP key
+        blocks (any number; summed here).
     Returns:
         ``(dv like v, dbeta like beta, dg like g)``; a packed buffer's tail past
         cu_seqlens[-1] is exactly 0. ``block_v`` (value columns a loop step) and ``launch``

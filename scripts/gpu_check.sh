@@ -68,7 +68,7 @@ fi
 # 2. Every other gpu test, after the backward's determinism check (each kernel twice on the
 #    same inputs: the dg / dbeta differences of docs/backward.md, "Determinism").
 if want tests; then
-  timeout 120 python3 -m eval.determinism --warps 4 8 2>&1 | tee "$OUT/gpu_tests.log"
+  timeout 120 python3 -m eval.determinism --warps 2 8 2>&1 | tee "$OUT/gpu_tests.log"
   timeout $(left $HOLD_BENCH) python3 -m pytest -m gpu -q -s -rs --continue-on-collection-errors \
     --ignore=tests/test_gluon_state.py --ignore=tests/test_gluon_state_output.py \
     --ignore=tests/test_gluon_wu.py --ignore=tests/test_gluon_forward.py \

@@ -101,9 +101,10 @@ def test_backward_fp32(case):
 @pytest.mark.parametrize("module", ["chunk_bwd_dqkwg", "wu_bwd"])
 def test_backward_two_key_blocks(monkeypatch, module):
     """K split into two key blocks (16 here) by one kernel while the other takes all of K, with
-    two batch rows: chunk_bwd_dqkwg's per-block partial dg is read back at the right key block
-    and batch row, and wu_bwd's key loop runs over more blocks than there are partials (the
-    GPU's K = 128: one dqkwg block, two of 64 in wu_bwd)."""
+    two batch rows: chunk_bwd_dqkwg's two partial dg are summed by wu_bwd at the right key
+    block and batch row, and wu_bwd's key loop runs over more blocks than there are partials
+    (on the GPU, K = 128, both kernels take two blocks of 64; the sweeps' dqkwg block_k = 128
+    takes one)."""
     import importlib
     monkeypatch.setattr(importlib.import_module(f"gdn_fused.kernels.{module}"), "BLOCK_K", 16)
     case = ("nk2-b2", 2, 70, 1, 2, 32, 16, "normal", True, None, 64)

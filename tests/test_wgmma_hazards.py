@@ -104,10 +104,14 @@ def test_launchers_use_the_clean_configurations(monkeypatch, V):
     k, dw, dk = (torch.zeros(B, T, n, K) for n in (H, HV, HV))
     v = torch.zeros(B, T, HV, V)
     g = beta = torch.zeros(B, T, HV)
+    NKP = K // chunk_bwd_dqkwg.BLOCK_K  # the partial dg blocks dqkwg writes at this K
     wu_bwd.wu_bwd(k, v, g, beta, torch.zeros(B, T, HV, C), dw, v, dk,
-                  torch.zeros(1, B, T, HV), C)
-    assert wu_spy.kwargs["num_stages"] == launches("wu_bwd")[0]["num_stages"] == 1
-    assert wu_spy.kwargs["NKP"] == 1 and wu_spy.kwargs["NK"] == K // wu_bwd.BLOCK_K
+                  torch.zeros(NKP, B, T, HV), C)
+    scanned_wu = launches("wu_bwd")[0]
+    assert wu_spy.kwargs["num_stages"] == scanned_wu["num_stages"] == 1
+    assert wu_spy.kwargs["BK"] == scanned_wu["BK"]
+    consts = KERNELS["wu_bwd"][3]
+    assert (wu_spy.kwargs["NK"], wu_spy.kwargs["NKP"]) == (consts["NK"], consts["NKP"])
     h = torch.zeros(1, HV, K, V)
     chunk_bwd_dqkwg.chunk_bwd_dqkwg(k, k, v, h, h, g, v, v, 1.0, C)
     scanned = launches("chunk_bwd_dqkwg")[0]
