@@ -372,10 +372,12 @@ LAUNCH_VARIANTS = (
     + [("wu_bwd", dict(num_warps=8)), ("recompute_w_u", dict(num_warps=4))])
 
 
-def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS):
+def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS, device="cuda", dtype=torch.bfloat16):
     """Time of each backward kernel at one shape (kernels/chunk_bwd.py's sequence: the forward
     recompute, then dv_local, the reverse state pass, dq/dk/dw/dg, wu_bwd) and of the forward's
-    chunk_output, with the defaults and with each (stage, launch options) of ``variants``."""
+    chunk_output, with the defaults and with each (stage, launch options) of ``variants``.
+    ``device``, ``dtype``: the inputs' (a CPU test runs the composition under the interpreter
+    with do_bench stubbed)."""
     import triton
     from gdn_fused.kernels.chunk_bwd_dqkwg import chunk_bwd_dqkwg
     from gdn_fused.kernels.chunk_bwd_dv import chunk_bwd_dv_local
@@ -389,7 +391,7 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS):
     from gdn_fused.kernels.kkt_solve import chunk_inverse, default_inverse_dtype
     from gdn_fused.kernels.wu import recompute_w_u
     from gdn_fused.kernels.wu_bwd import wu_bwd
-    q, k, v, g, beta, h0 = make_inputs(B, T)
+    q, k, v, g, beta, h0 = make_inputs(B, T, device, dtype)
     do, dht, scale = torch.randn_like(v), torch.randn_like(h0), DIM ** -0.5
     prec = dot_precision(q.dtype)
     N, offsets, idx = chunk_layout(None, B, CHUNK)

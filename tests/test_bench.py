@@ -18,3 +18,17 @@ def test_bad_shapes_exit_2_before_the_cuda_check(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--shapes", "1:2:3"])
     assert e.value.code == 2 and "--shapes" in capsys.readouterr().err
+
+
+def test_backward_stage_timing_composes_every_kernel(monkeypatch):
+    """eval.bench's backward stage timing (GPU only in use) composed on the CPU under the
+    interpreter, do_bench stubbed to one call: every stage and every launch variant runs (a
+    row that raised is missing), so a kernel signature changed without its bench caller fails
+    here rather than on the device."""
+    import triton
+    import torch
+
+    from gdn_fused.eval import bench
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, return_mode=None: (fn(), 1.0)[1])
+    row = bench.bench_bwd_stages(1, 64, device="cpu", dtype=torch.float16)
+    assert len(row) == 10 + len(bench.BWD_VARIANTS), sorted(row)
