@@ -20,6 +20,8 @@ Why recompute rather than save: the forward's T alone is C values per token and 
 chunk; recomputing them costs one extra pass of the cheap forward kernels, and the fused forward
 never materializes them at all, so one backward serves both Triton backends.
 """
+import os
+
 import torch
 
 from gdn_fused.kernels.chunk_bwd_dqkwg import chunk_bwd_dqkwg
@@ -43,18 +45,31 @@ from gdn_fused.kernels.wu_bwd import wu_bwd
 RECOMPUTE_ON_TRANSPOSED_CHAIN = False
 
 
+# The recompute's state pass (h, v_new) and the reverse state pass are independent: the
+# reverse pass reads W, not h. Both are sequential over chunks and latency-bound at small B·HV
+# (at (1, 32768) each has 128 programs, one an SM: 666 and 940 µs at Triton's 3 stages, whose
+# 120 and 177 KB of shared memory keep them apart). At CONCURRENT_STAGES = 2 they take 82 and
+# 119 KB (eval.ptxas, sm_90a, K = V = 128, BV = 32), so one program of each fits an SM, and on
+# two CUDA streams they can run side by side: 886 and 1,262 µs alone at 2 stages (session 5),
+# so at best ~1.3 ms for both against 1.6 serial. Off until measured
+# (GDN_BWD_CONCURRENT_STATE_PASSES=1 turns it on; eval.bench times both); the outputs are the
+# same bits either way (the kernels and their inputs do not change, only the stream).
+CONCURRENT_STATE_PASSES = os.environ.get("GDN_BWD_CONCURRENT_STATE_PASSES") == "1"
+CONCURRENT_STAGES = 2
+
+
 def recompute_states(q, k, w, u, G, initial_state, chunk_size, N, cu_seqlens, chunk_offsets,
-                     num_chunks, prec):
-    """(h, v_new) of the forward, from chunk_state or, on Hopper where the forward uses the
-    transposed Gluon kernel (and RECOMPUTE_ON_TRANSPOSED_CHAIN), from chunk_state_t — the same
-    bits either way."""
+                     num_chunks, prec, **launch):
+    """(h, v_new) of the forward, from chunk_state (``launch``: its num_stages and the like)
+    or, on Hopper where the forward uses the transposed Gluon kernel (and
+    RECOMPUTE_ON_TRANSPOSED_CHAIN), from chunk_state_t — the same bits either way."""
     if RECOMPUTE_ON_TRANSPOSED_CHAIN and uses_state_output_kernel(q, u, chunk_size, cu_seqlens):
         from gdn_fused.kernels.gluon_transposed import chunk_state_t
         h, v_new, _ = chunk_state_t(k, w, u, G, initial_state, False)
         return h, v_new
     h, v_new, _ = chunk_state(k, w, u, G, initial_state, False, chunk_size, N,
                               cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets,
-                              num_chunks=num_chunks, dot_precision=prec)
+                              num_chunks=num_chunks, dot_precision=prec, **launch)
     return h, v_new
 
 
@@ -86,16 +101,40 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, initial_state, do, dht, 
     G = chunk_cumsum(g, chunk_size, **idx)
     Ai = chunk_inverse(k, G, beta, HV, chunk_size, default_inverse_dtype(q.dtype), **idx)
     w, u = recompute_w_u(k, v, G, beta, Ai, dot_precision=prec, **idx)
-    h, v_new = recompute_states(q, k, w, u, G, initial_state, chunk_size, N, cu_seqlens,
-                                chunk_offsets, idx["num_chunks"], prec)
+
+    def states(**launch):
+        return recompute_states(q, k, w, u, G, initial_state, chunk_size, N, cu_seqlens,
+                                chunk_offsets, idx["num_chunks"], prec, **launch)
+    side = None
+    # (not while a CUDA graph is captured: the side stream's allocations would need the
+    # capture's own fork and join, untested)
+    if (CONCURRENT_STATE_PASSES and q.is_cuda
+            and not torch.cuda.is_current_stream_capturing()):
+        # the recompute's state pass on a side stream, beside dV'_local and the reverse pass
+        main = torch.cuda.current_stream(q.device)
+        side = torch.cuda.Stream(device=q.device)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            h, v_new = states(num_stages=CONCURRENT_STAGES)
+        # main may free these while the side stream still reads them
+        for x in (k, w, u, G, initial_state, cu_seqlens, chunk_offsets):
+            if x is not None:
+                x.record_stream(side)
+    else:
+        h, v_new = states()
     del u
     # the backward proper
     dv_local = chunk_bwd_dv_local(q, k, g, do, scale, chunk_size, dot_precision=prec, **idx)
     dh, dv2, dh0 = chunk_bwd_state(q, k, w, g, do, dv_local, scale, dht, initial_state,
                                    chunk_size, N, cu_seqlens=cu_seqlens,
                                    chunk_offsets=chunk_offsets, num_chunks=idx["num_chunks"],
-                                   dot_precision=prec)
+                                   dot_precision=prec,
+                                   **({} if side is None else dict(num_stages=CONCURRENT_STAGES)))
     del dv_local
+    if side is not None:
+        main.wait_stream(side)
+        for x in (h, v_new):  # made on the side stream, used and freed on main
+            x.record_stream(main)
     dq, dk, dw, dg_part = chunk_bwd_dqkwg(q, k, v_new, h, dh, g, do, dv2, scale, chunk_size,
                                      chunk_offsets=chunk_offsets, dot_precision=prec, **idx)
     del h, dh, v_new

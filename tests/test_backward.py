@@ -141,6 +141,34 @@ def test_dqkwg_q_and_k_loaded_first_changes_nothing():
     assert outs[0][0].abs().max() > 0
 
 
+@pytest.mark.gpu
+def test_state_passes_side_by_side_give_the_same_bits(monkeypatch):
+    """The backward with its two state passes on two streams (chunk_bwd.CONCURRENT_STATE_PASSES)
+    against one after the other: the same kernels on the same inputs, so the same bits; at a
+    one-wave shape (B·HV = 32, where the overlap is meant to pay) and past it."""
+    from gdn_fused.kernels import chunk_bwd
+    seen, recompute = [], chunk_bwd.recompute_states
+
+    def spy(*args, **launch):  # the side stream's launch asks for CONCURRENT_STAGES
+        seen.append((torch.cuda.current_stream() != torch.cuda.default_stream(), launch))
+        return recompute(*args, **launch)
+    monkeypatch.setattr(chunk_bwd, "recompute_states", spy)
+    for B, T in ((1, 4096), (4, 1024)):
+        xs = make_inputs(B, T, 16, 32, 128, 128, torch.bfloat16, initial_state=True,
+                         device="cuda", seed=5)
+        do = torch.randn_like(xs[2])
+        grads = []
+        for on in (False, True):
+            monkeypatch.setattr(chunk_bwd, "CONCURRENT_STATE_PASSES", on)
+            leaves = [x.detach().requires_grad_() for x in xs]
+            o, _ = chunk_gated_delta_rule(*leaves[:5], initial_state=leaves[5],
+                                          output_final_state=True, backend="materialized")
+            grads.append(torch.autograd.grad(o, leaves, do))
+        for a, b in zip(*grads):
+            assert torch.equal(a, b)
+    assert seen == [(False, {}), (True, dict(num_stages=chunk_bwd.CONCURRENT_STAGES))] * 2
+
+
 def test_determinism_script_composes_every_kernel():
     """eval.determinism's chain (GPU only in use) on the CPU under the interpreter: each of the
     eight kernels and the extra launch runs twice (a kernel signature changed without this
