@@ -145,28 +145,37 @@ def test_dqkwg_q_and_k_loaded_first_changes_nothing():
 def test_state_passes_side_by_side_give_the_same_bits(monkeypatch):
     """The backward with its two state passes on two streams (chunk_bwd.CONCURRENT_STATE_PASSES)
     against one after the other: the same kernels on the same inputs, so the same bits; at a
-    one-wave shape (B·HV = 32, where the overlap is meant to pay) and past it."""
+    one-wave shape (B·HV = 32, where the overlap is meant to pay), past it, and varlen. The
+    side stream is held back by a sleep first, so a missing join or guard changes bits."""
     from gdn_fused.kernels import chunk_bwd
     seen, recompute = [], chunk_bwd.recompute_states
+    main = torch.cuda.current_stream()
 
     def spy(*args, **launch):  # the side stream's launch asks for CONCURRENT_STAGES
-        seen.append((torch.cuda.current_stream() != torch.cuda.default_stream(), launch))
+        side = torch.cuda.current_stream() != main
+        if side:  # hold the side stream back, so that a missing join or guard shows
+            torch.cuda._sleep(10 ** 7)
+        seen.append((side, launch))
         return recompute(*args, **launch)
     monkeypatch.setattr(chunk_bwd, "recompute_states", spy)
-    for B, T in ((1, 4096), (4, 1024)):
+    cases = [(1, 4096, None), (4, 1024, None), (1, 3000, [0, 700, 700, 2200, 3000])]
+    for B, T, cu in cases:
         xs = make_inputs(B, T, 16, 32, 128, 128, torch.bfloat16, initial_state=True,
-                         device="cuda", seed=5)
+                         num_seqs=None if cu is None else len(cu) - 1, device="cuda", seed=5)
+        cu = None if cu is None else torch.tensor(cu, device="cuda", dtype=torch.int32)
         do = torch.randn_like(xs[2])
         grads = []
         for on in (False, True):
             monkeypatch.setattr(chunk_bwd, "CONCURRENT_STATE_PASSES", on)
             leaves = [x.detach().requires_grad_() for x in xs]
             o, _ = chunk_gated_delta_rule(*leaves[:5], initial_state=leaves[5],
-                                          output_final_state=True, backend="materialized")
+                                          output_final_state=True, cu_seqlens=cu,
+                                          backend="materialized")
             grads.append(torch.autograd.grad(o, leaves, do))
         for a, b in zip(*grads):
             assert torch.equal(a, b)
-    assert seen == [(False, {}), (True, dict(num_stages=chunk_bwd.CONCURRENT_STAGES))] * 2
+    on = (True, dict(num_stages=chunk_bwd.CONCURRENT_STAGES))
+    assert seen == [(False, {}), on] * len(cases)
 
 
 def test_determinism_script_composes_every_kernel():
