@@ -352,12 +352,12 @@ def bench_stages(B=1, T=32768):
 
 
 # Launch variants timed beside the defaults: (stage, options). The defaults of session 5 were
-# measured on the H200 on 2026-11-30 at (1, 32768) (dqkwg then took 64 value columns a step;
-# since session 8 it takes 128 in one, 1,986 µs: chunk_bwd_dqkwg.BLOCK_V): chunk_bwd_state BV 16 / 32 / 64 1,563 / 934 / 1,675 µs
-# (32 taken); chunk_bwd_dqkwg 1,836 µs and wu_bwd 1,352 µs at 4 warps, 64 value columns a step
-# and Triton's stages, against 8 warps 2,809 / 2,278, 32 columns 1,876 / 1,341, one stage
-# 2,059 / 1,359, three stages 1,835 / 1,362. wu_bwd's pipelined stages read refilled tiles
-# (wu_bwd.STAGES: one stage since session 8); at 8 warps it took 2,353 µs.
+# measured on the H200 on 2026-11-30 at (1, 32768) (dqkwg then took 64 value columns a step; since
+# session 8 it takes 128 in one, 1,986 µs: chunk_bwd_dqkwg.BLOCK_V): chunk_bwd_state BV 16 / 32 /
+# 64 1,563 / 934 / 1,675 µs (32 taken); chunk_bwd_dqkwg 1,836 µs and wu_bwd 1,352 µs at 4 warps,
+# 64 value columns a step and Triton's stages, against 8 warps 2,809 / 2,278, 32 columns 1,876 /
+# 1,341, one stage 2,059 / 1,359, three stages 1,835 / 1,362. wu_bwd's pipelined stages read
+# refilled tiles (wu_bwd.STAGES: one stage since session 8); at 8 warps it took 2,353 µs.
 # Register caps (eval.ptxas, sm_90a): both kernels hold 255 registers at 4 warps (2 programs an
 # SM); capped at 168 (3 an SM) wu_bwd spills 368 B and chunk_bwd_dqkwg 964 B, and the spills
 # cost more than the occupancy gains (H200, session 8, (1, 32768): wu_bwd 1,354 → 1,474 µs,
@@ -377,8 +377,9 @@ BWD_VARIANTS = [("chunk_bwd_state", dict(block_v=bv)) for bv in (16, 64)] + [
 # Shared memory and registers (eval.ptxas, sm_90a, K = V = 128): chunk_state's three stages
 # take 117 KB (one program an SM: 8 warps an SM at B·HV ≥ 132), two 81 KB; chunk_output holds
 # 150 registers at 4 warps (3 programs an SM), chunk_bwd_dqkwg 255 at 4 warps with 105 KB of
-# stages (2 an SM; 80 KB with one value block since session 8), wu_bwd 255 with spills (at 3
-# stages; one since session 8). dqkwg's variants: block_v = 32 runs one stage (its launcher's
+# stages (2 an SM; 80 KB with one value block since session 8, which alone keeps it at 2 an
+# SM), wu_bwd 255 with spills at 3 stages (one stage since session 8: 252, no spills, with the
+# bf16 partials of session 9). dqkwg's variants: block_v = 32 runs one stage (its launcher's
 # rule past one value block), num_stages = 2 has one value block to pipeline.
 LAUNCH_VARIANTS = (
     [("chunk_state", dict(block_v=bv, num_stages=st)) for bv in (32, 64) for st in (1, 2)]

@@ -1,15 +1,14 @@
 """The gradient of a q/k head shared by a GVA group: the sum of its value heads' partials, formed
 in fp32 and rounded once to the data dtype, in one pass.
 
-The backward's dq and dk come out per value head ([B, T, HV, K] in the data dtype, as fla's
-do; fp32 before session 9); q and k have
-H = HV / group heads, value head hv reading head hv // group, so dq[:, :, h] is the sum over
-hv = h·group … h·group + group − 1. With the fp32 partials of sessions 5–8, torch's
-``x.view(B, T, H, group, K).sum(3).to(dtype)`` took two passes with an fp32 intermediate (per
-token: read 4·HV·K bytes, write 4·H·K, read them back, write 2·H·K); this kernel reads the
-partials once and writes the result once. The sum runs in fp32 over the group in order, then
-rounds once (torch's sum of the fp32 partials to the bit at group 2; at larger groups torch may
-add in another order).
+The backward's dq and dk come out per value head ([B, T, HV, K] in the data dtype, as fla's do;
+fp32 before session 9); q and k have H = HV / group heads, value head hv reading head hv //
+group, so dq[:, :, h] is the sum over hv = h·group … h·group + group − 1. With the fp32 partials
+of sessions 5–8, torch's ``x.view(B, T, H, group, K).sum(3).to(dtype)`` took two passes with an
+fp32 intermediate (per token: read 4·HV·K bytes, write 4·H·K, read them back, write 2·H·K); this
+kernel reads the partials once and writes the result once. The sum runs in fp32 over the group
+in order, then rounds once (torch's sum of the fp32 partials to the bit at group 2; at larger
+groups torch may add in another order).
 """
 import torch
 import triton
@@ -22,8 +21,7 @@ ROWS = 32  # (token, head) rows a program
 def group_sum_kernel(x, y, N, GROUP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
                      BR: tl.constexpr):
     """y [N, K] = Σ_j x [N, GROUP, K][:, j] summed in fp32 (x, y any float dtypes), BR rows a
-    program;
-    offsets in int64: B·T·HV·K passes 2³¹ at (16, 32768) with HV = 32, K = 128."""
+    program; offsets in int64: B·T·HV·K passes 2³¹ at (16, 32768) with HV = 32, K = 128."""
     rows = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
     cols = tl.arange(0, BK)
     mask = (rows < N)[:, None] & (cols < K)[None, :]
