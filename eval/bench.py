@@ -78,18 +78,6 @@ def rel_diff(x, ref):
     return ((x.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
-def _with_concurrent_state_passes(on, fn):
-    """fn() with the backward's two state passes side by side (``on``) or one after the other
-    (kernels/chunk_bwd.py, CONCURRENT_STATE_PASSES): the A/B of the fwd+bwd rows."""
-    from gdn_fused.kernels import chunk_bwd
-    before = chunk_bwd.CONCURRENT_STATE_PASSES
-    chunk_bwd.CONCURRENT_STATE_PASSES = on
-    try:
-        return fn()
-    finally:
-        chunk_bwd.CONCURRENT_STATE_PASSES = before
-
-
 def bench_forward(shapes, bandwidth, fla_chunk, backward):
     import triton
     from gdn_fused import chunk_gated_delta_rule
@@ -115,11 +103,6 @@ def bench_forward(shapes, bandwidth, fla_chunk, backward):
                                                   output_final_state=True, backend=name)
                     torch.autograd.grad(o, leaves, do)
                 row[f"{name}_fwdbwd_ms"] = triton.testing.do_bench(fwd_bwd, return_mode="median")
-                if name == "materialized":
-                    # the two state passes side by side on two streams (off by default until
-                    # measured; the default column above is whatever the default is)
-                    row["materialized_fwdbwd_concurrent_ms"] = _with_concurrent_state_passes(
-                        True, lambda: triton.testing.do_bench(fwd_bwd, return_mode="median"))
         if uses_state_output_kernel(q, v, CHUNK, None):
             # A/B in the same run: the materialized forward with chunk_state + chunk_output in
             # place of its Gluon state + output kernel

@@ -2,12 +2,18 @@
 
 The forward runs the chosen Triton path; the backward is the same for both (the fused forward
 computes the same chunkwise math): the Triton chunk kernels of
-:func:`gdn_fused.kernels.chunk_bwd.chunk_gated_delta_rule_bwd`, which recompute every
-intermediate from the inputs. Saved for backward: the kernel inputs only (q, k, v, g, beta,
-initial_state, cu_seqlens), no intermediate. Most are the caller's own tensors; two can be
-copies the op made: q and k after ``use_qk_l2norm_in_kernel`` (2·H·K elements a token in their
-dtype) and g after the op's clamp at LOG_DECAY_MIN (HV fp32 a token) — what autograd keeps for
-those element-wise ops anyway.
+:func:`gdn_fused.kernels.chunk_bwd.chunk_gated_delta_rule_bwd`, which recompute the
+intermediates from the inputs. Saved for backward: the kernel inputs (q, k, v, g, beta,
+initial_state, cu_seqlens) and, after a materialized forward with the blocked inverse, its
+T = (I + A)⁻¹ — what fla saves too (its ``A``): C values a token and value head in the data's
+storage dtype (C·2 = 128 B in bf16 at C = 64, 4 KB a token at HV = 32), which spares the
+backward its most latency-bound recompute (chunk_inverse: 250 µs of the backward's 5.4 ms at
+B = 1, T = 32768, H200, session 9). The backward would compute the same bits (the same kernel
+on the same inputs), so the gradients do not change. The fused forward's inverse is fp32 and
+other methods' inverses are not the blocked one: after those the backward recomputes T. Most
+saved inputs are the caller's own tensors; two can be copies the op made: q and k after
+``use_qk_l2norm_in_kernel`` (2·H·K elements a token in their dtype) and g after the op's clamp
+at LOG_DECAY_MIN (HV fp32 a token) — what autograd keeps for those element-wise ops anyway.
 
 :func:`backward_by_recompute` is the slow exact reference: it differentiates the chunked torch
 form (:func:`gdn_fused.reference.chunk_gated_delta_rule_ref`) in fp32 under torch autograd.
@@ -21,15 +27,23 @@ from gdn_fused.reference import chunk_gated_delta_rule_ref, l2norm
 
 
 def _forward(backend, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-             chunk_size, solve_method="blocked", solve_iters=None, cu_seqlens_cpu=None):
+             chunk_size, solve_method="blocked", solve_iters=None, cu_seqlens_cpu=None,
+             keep_inverse=False):
+    """(o, final_state), and with ``keep_inverse`` (o, final_state, T or None): the forward's
+    T where the backward can read it instead of recomputing it (module docstring)."""
     if backend == "fused":
         from gdn_fused.kernels.fused_fwd import fused_fwd
-        return fused_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-                         chunk_size, cu_seqlens_cpu=cu_seqlens_cpu)
+        o, ht = fused_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
+                          chunk_size, cu_seqlens_cpu=cu_seqlens_cpu)
+        return (o, ht, None) if keep_inverse else (o, ht)
     from gdn_fused.kernels.materialized import materialized_fwd
-    return materialized_fwd(q, k, v, g, beta, scale, initial_state, output_final_state,
-                            cu_seqlens, chunk_size, solve_method=solve_method,
-                            solve_iters=solve_iters, cu_seqlens_cpu=cu_seqlens_cpu)
+    # only the blocked inverse in the default storage dtype is the T the backward computes
+    keep = keep_inverse and solve_method == "blocked" and solve_iters is None
+    out = materialized_fwd(q, k, v, g, beta, scale, initial_state, output_final_state,
+                           cu_seqlens, chunk_size, solve_method=solve_method,
+                           solve_iters=solve_iters, cu_seqlens_cpu=cu_seqlens_cpu,
+                           return_inverse=keep)
+    return (*out, None) if keep_inverse and not keep else out
 
 
 def backward_by_recompute(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens,
@@ -66,9 +80,10 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, initial_state, scale, output_final_state, cu_seqlens,
                 chunk_size, backend, solve_method, solve_iters, cu_seqlens_cpu):
-        o, ht = _forward(backend, q, k, v, g, beta, scale, initial_state, output_final_state,
-                         cu_seqlens, chunk_size, solve_method, solve_iters, cu_seqlens_cpu)
-        ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens)
+        o, ht, Ai = _forward(backend, q, k, v, g, beta, scale, initial_state,
+                             output_final_state, cu_seqlens, chunk_size, solve_method,
+                             solve_iters, cu_seqlens_cpu, keep_inverse=True)
+        ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, Ai)
         # the host copy of the offsets: the backward sizes its grids without a device read
         ctx.scale, ctx.chunk_size, ctx.cu_seqlens_cpu = scale, chunk_size, cu_seqlens_cpu
         return o, ht
@@ -76,9 +91,9 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dht):
         from gdn_fused.kernels.chunk_bwd import chunk_gated_delta_rule_bwd
-        q, k, v, g, beta, h0, cu_seqlens = ctx.saved_tensors
+        q, k, v, g, beta, h0, cu_seqlens, Ai = ctx.saved_tensors
         grads = chunk_gated_delta_rule_bwd(q, k, v, g, beta, ctx.scale, h0, do, dht, cu_seqlens,
-                                           ctx.chunk_size, ctx.cu_seqlens_cpu)
+                                           ctx.chunk_size, ctx.cu_seqlens_cpu, Ai=Ai)
         dq, dk, dv, dg, dbeta, dh0 = (d if need else None
                                       for d, need in zip(grads, ctx.needs_input_grad[:6]))
         return dq, dk, dv, dg, dbeta, dh0, None, None, None, None, None, None, None, None
@@ -90,8 +105,9 @@ def chunk_gated_delta_rule_triton(q, k, v, g, beta, scale, initial_state, output
     """Run a Triton backend on validated inputs; differentiable in every input.
 
     solve_method, solve_iters choose the forward's kkt_solve method (the inverse study); the
-    backward always recomputes T with the stable blocked inverse, so the gradients are those of
-    the exact function, whichever inverse the forward used. cu_seqlens_cpu: the validated
+    backward always uses T from the stable blocked inverse (the forward's own when it ran that
+    one, else recomputed), so the gradients are those of the exact function, whichever inverse
+    the forward used. cu_seqlens_cpu: the validated
     offsets on the host, reused by the forward's and the backward's launchers."""
     if use_qk_l2norm_in_kernel:
         # one rounding policy (gdn_fused.reference.l2norm) in every path; autograd flows through

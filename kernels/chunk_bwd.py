@@ -1,7 +1,8 @@
 """The chunkwise backward: exact gradients of chunk_gated_delta_rule from its inputs alone.
 
-Nothing from the forward is kept except its inputs (q, k, v, g, beta, initial_state,
-cu_seqlens): 0 extra bytes per token. The backward first recomputes the forward's
+Nothing from the forward is needed but its inputs (q, k, v, g, beta, initial_state,
+cu_seqlens) and, optionally, its T (the autograd Function passes the materialized forward's:
+gdn_fused/autograd.py). The backward first recomputes the forward's other
 intermediates with the materialized forward kernels (G, T, W, U, the per-chunk states h and
 v_new — one cumsum, one KKᵀ+inverse, one W/U and one state pass; everything but the output
 kernel), then runs four kernels:
@@ -15,13 +16,13 @@ kernel), then runs four kernels:
 then sums dQ and dK over the value heads that share a q/k head (GVA, kernels/group_sum.py).
 Derivation and the precision of every intermediate: docs/backward.md.
 
-Why recompute rather than save: the forward's T alone is C values per token and value head
-(64 · 2 B = 128 B per token-head in bf16 at C = 64, 4 KB per token for HV = 32), h is K·V per
-chunk; recomputing them costs one extra pass of the cheap forward kernels, and the fused forward
-never materializes them at all, so one backward serves both Triton backends.
+Why recompute rather than save: h is K·V per chunk and value head (32 KB in bf16 at K = V = 128,
+half a KB per token-head at C = 64) and W, U are K + V values per token-head; recomputing them
+costs one pass of the cheap forward kernels, and the fused forward never materializes them at
+all, so one backward serves both Triton backends. T is the exception when the forward has it
+(C values per token-head, 128 B in bf16): its recompute is a latency-bound solve (250 µs at
+B = 1, T = 32768 on the H200), as fla's backward reads its forward's A.
 """
-import os
-
 import torch
 
 from gdn_fused.kernels.chunk_bwd_dqkwg import chunk_bwd_dqkwg
@@ -45,31 +46,6 @@ from gdn_fused.kernels.wu_bwd import wu_bwd
 RECOMPUTE_ON_TRANSPOSED_CHAIN = False
 
 
-# The recompute's state pass (h, v_new) and the reverse state pass are independent: the
-# reverse pass reads W, not h. Both are sequential over chunks and latency-bound at small B·HV
-# (at (1, 32768) each has 128 programs, one an SM: 666 and 940 µs at Triton's 3 stages, whose
-# 120 and 177 KB of shared memory keep them apart). At CONCURRENT_STAGES = 2 they take 82 and
-# 119 KB (eval.ptxas, sm_90a, K = V = 128, BV = 32), so one program of each fits an SM, and on
-# two CUDA streams they can run side by side: 886 and 1,262 µs alone at 2 stages (session 5),
-# so at best ~1.3 ms for both against 1.6 serial. Off until measured
-# (GDN_BWD_CONCURRENT_STATE_PASSES=1 turns it on; eval.bench times both); the outputs are the
-# same bits either way (the kernels and their inputs do not change, only the stream).
-# h and v_new then come from the side stream's memory pool (the caching allocator reuses a
-# block only on the stream that made it): up to ~0.8 GB more reserved at (1, 32768) than the
-# serial order. One side stream per device, made once, so that pool is reused call to call.
-CONCURRENT_STATE_PASSES = os.environ.get("GDN_BWD_CONCURRENT_STATE_PASSES") == "1"
-CONCURRENT_STAGES = 2
-_SIDE_STREAMS = {}
-
-
-def side_stream(device):
-    """The backward's side stream on ``device`` (a torch.device; made on first use)."""
-    key = device.index if device.index is not None else torch.cuda.current_device()
-    if key not in _SIDE_STREAMS:
-        _SIDE_STREAMS[key] = torch.cuda.Stream(device=key)
-    return _SIDE_STREAMS[key]
-
-
 def recompute_states(q, k, w, u, G, initial_state, chunk_size, N, cu_seqlens, chunk_offsets,
                      num_chunks, prec, **launch):
     """(h, v_new) of the forward, from chunk_state (``launch``: its num_stages and the like)
@@ -86,7 +62,7 @@ def recompute_states(q, k, w, u, G, initial_state, chunk_size, N, cu_seqlens, ch
 
 
 def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens,
-                               chunk_size=64, cu_seqlens_cpu=None):
+                               chunk_size=64, cu_seqlens_cpu=None, Ai=None):
     """Gradients of (o, final_state) = chunk_gated_delta_rule(q, k, v, g, beta, ...).
 
     Args:
@@ -96,6 +72,9 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, initial_state, do, dht, 
         do: ``[B, T, HV, V]`` cotangent of o. dht: ``[N, HV, K, V]`` cotangent of the final
         state, or None (treated as 0). chunk_size: 16, 32 or 64 (as in the forward).
         cu_seqlens_cpu: the offsets on the host if known (the forward's validated copy).
+        Ai: the forward's T ``[B, T, HV, C]`` from the blocked inverse in
+        ``default_inverse_dtype(q.dtype)`` (what the materialized forward computes), or None to
+        recompute it (the same bits).
     Returns:
         ``(dq, dk, dv, dg, dbeta, dh0)`` in the dtypes and shapes of q, k, v, g, beta and
         initial_state (dh0 None without an initial state). dq, dk are summed over the HV // H
@@ -111,40 +90,19 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, initial_state, do, dht, 
     # W, U, h and v_new as a default materialized forward; always the stable blocked inverse,
     # whatever solve_method the forward ran)
     G = chunk_cumsum(g, chunk_size, **idx)
-    Ai = chunk_inverse(k, G, beta, HV, chunk_size, default_inverse_dtype(q.dtype), **idx)
+    if Ai is None:
+        Ai = chunk_inverse(k, G, beta, HV, chunk_size, default_inverse_dtype(q.dtype), **idx)
     w, u = recompute_w_u(k, v, G, beta, Ai, dot_precision=prec, **idx)
-
-    def states(**launch):
-        return recompute_states(q, k, w, u, G, initial_state, chunk_size, N, cu_seqlens,
-                                chunk_offsets, idx["num_chunks"], prec, **launch)
-    side = None
-    # (not while a CUDA graph is captured: the side stream's allocations would need the
-    # capture's own fork and join, untested)
-    if (CONCURRENT_STATE_PASSES and q.is_cuda
-            and not torch.cuda.is_current_stream_capturing()):
-        # the recompute's state pass on a side stream, beside dV'_local and the reverse pass
-        # (every input it reads stays referenced here until the join below, u included)
-        main = torch.cuda.current_stream(q.device)
-        side = side_stream(q.device)
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
-            h, v_new = states(num_stages=CONCURRENT_STAGES)
-    else:
-        h, v_new = states()
-        del u
+    h, v_new = recompute_states(q, k, w, u, G, initial_state, chunk_size, N, cu_seqlens,
+                                chunk_offsets, idx["num_chunks"], prec)
+    del u
     # the backward proper
     dv_local = chunk_bwd_dv_local(q, k, g, do, scale, chunk_size, dot_precision=prec, **idx)
     dh, dv2, dh0 = chunk_bwd_state(q, k, w, g, do, dv_local, scale, dht, initial_state,
                                    chunk_size, N, cu_seqlens=cu_seqlens,
                                    chunk_offsets=chunk_offsets, num_chunks=idx["num_chunks"],
-                                   dot_precision=prec,
-                                   **({} if side is None else dict(num_stages=CONCURRENT_STAGES)))
+                                   dot_precision=prec)
     del dv_local
-    if side is not None:
-        main.wait_stream(side)
-        del u
-        for x in (h, v_new):  # made on the side stream, used and freed on main
-            x.record_stream(main)
     dq, dk, dw, dg_part = chunk_bwd_dqkwg(q, k, v_new, h, dh, g, do, dv2, scale, chunk_size,
                                      chunk_offsets=chunk_offsets, dot_precision=prec, **idx)
     del h, dh, v_new

@@ -65,8 +65,10 @@ def uses_state_output_kernel(q, v, chunk_size, cu_seqlens):
 
 def materialized_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
                      chunk_size=64, inverse_dtype=None, solve_method="blocked",
-                     solve_iters=None, cu_seqlens_cpu=None):
-    """Validated inputs (see gdn_fused.ops) -> (o, final_state).
+                     solve_iters=None, cu_seqlens_cpu=None, return_inverse=False):
+    """Validated inputs (see gdn_fused.ops) -> (o, final_state), or with ``return_inverse``
+    (o, final_state, T): T = (I + A)⁻¹ of every chunk, [B, T, HV, C] in ``inverse_dtype``, which
+    the backward reads instead of recomputing it (gdn_fused.autograd).
 
     inverse_dtype: storage dtype of T (default: fp32 for fp32 data, else the input dtype).
     solve_method, solve_iters: the kkt_solve method (kernels/kkt_solve.py). cu_seqlens_cpu:
@@ -83,10 +85,11 @@ def materialized_fwd(q, k, v, g, beta, scale, initial_state, output_final_state,
     w, u = recompute_w_u(k, v, G, beta, Ai, dot_precision=prec, **idx)
     if uses_state_output_kernel(q, v, chunk_size, cu_seqlens):
         from gdn_fused.kernels.gluon_transposed import chunk_state_output_t
-        return chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state)
+        o, ht = chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state)
+        return (o, ht, Ai) if return_inverse else (o, ht)
     h, v_new, ht = chunk_state(k, w, u, G, initial_state, output_final_state, chunk_size, N,
                                cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets,
                                num_chunks=idx["num_chunks"], dot_precision=prec)
     o = chunk_output(q, k, v_new, h, G, scale, chunk_size, chunk_offsets=chunk_offsets,
                      dot_precision=prec, **idx)
-    return o, ht
+    return (o, ht, Ai) if return_inverse else (o, ht)

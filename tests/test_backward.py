@@ -141,41 +141,39 @@ def test_dqkwg_q_and_k_loaded_first_changes_nothing():
     assert outs[0][0].abs().max() > 0
 
 
-@pytest.mark.gpu
-def test_state_passes_side_by_side_give_the_same_bits(monkeypatch):
-    """The backward with its two state passes on two streams (chunk_bwd.CONCURRENT_STATE_PASSES)
-    against one after the other: the same kernels on the same inputs, so the same bits; at a
-    one-wave shape (B·HV = 32, where the overlap is meant to pay), past it, and varlen. The
-    side stream is held back by a sleep first, so a missing join or guard changes bits."""
+def test_backward_reads_the_forward_inverse(monkeypatch):
+    """The materialized forward's T reaches the backward (no chunk_inverse there) and gives the
+    bits the backward's own recompute gives; after the fused forward, or a forward with another
+    inverse method, the backward recomputes T with the blocked inverse (exact gradients)."""
     from gdn_fused.kernels import chunk_bwd
-    seen, recompute = [], chunk_bwd.recompute_states
-    main = torch.cuda.current_stream()
+    # GVA, a partial chunk, an initial state, head dims the fused kernel takes
+    case = ("gva3-k64", 1, 65, 1, 3, 64, 64, "normal", True, None, 64)
+    xs, do, dht, cu = inputs(case, torch.float32, "cpu")
+    calls, solve = [], chunk_bwd.chunk_inverse
 
-    def spy(*args, **launch):  # the side stream's launch asks for CONCURRENT_STAGES
-        side = torch.cuda.current_stream() != main
-        if side:  # hold the side stream back, so that a missing join or guard shows
-            torch.cuda._sleep(10 ** 7)
-        seen.append((side, launch))
-        return recompute(*args, **launch)
-    monkeypatch.setattr(chunk_bwd, "recompute_states", spy)
-    cases = [(1, 4096, None), (4, 1024, None), (1, 3000, [0, 700, 700, 2200, 3000])]
-    for B, T, cu in cases:
-        xs = make_inputs(B, T, 16, 32, 128, 128, torch.bfloat16, initial_state=True,
-                         num_seqs=None if cu is None else len(cu) - 1, device="cuda", seed=5)
-        cu = None if cu is None else torch.tensor(cu, device="cuda", dtype=torch.int32)
-        do = torch.randn_like(xs[2])
-        grads = []
-        for on in (False, True):
-            monkeypatch.setattr(chunk_bwd, "CONCURRENT_STATE_PASSES", on)
-            leaves = [x.detach().requires_grad_() for x in xs]
-            o, _ = chunk_gated_delta_rule(*leaves[:5], initial_state=leaves[5],
-                                          output_final_state=True, cu_seqlens=cu,
-                                          backend="materialized")
-            grads.append(torch.autograd.grad(o, leaves, do))
-        for a, b in zip(*grads):
-            assert torch.equal(a, b)
-    on = (True, dict(num_stages=chunk_bwd.CONCURRENT_STAGES))
-    assert seen == [(False, {}), on] * len(cases)
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("solve_method", "blocked"))
+        return solve(*args, **kwargs)
+    monkeypatch.setattr(chunk_bwd, "chunk_inverse", spy)
+
+    def run(backend="materialized", **kw):
+        return grads(lambda q, k, v, g, b, h: chunk_gated_delta_rule(
+            q, k, v, g, b, initial_state=h, output_final_state=True, chunk_size=case[-1],
+            backend=backend, **kw), xs, do, dht)
+    saved = run()
+    assert calls == []
+    real = chunk_bwd.chunk_gated_delta_rule_bwd
+    monkeypatch.setattr(chunk_bwd, "chunk_gated_delta_rule_bwd",
+                        lambda *a, Ai=None, **kw: real(*a, **kw))  # drop the saved T
+    recomputed = run()
+    assert calls == ["blocked"]
+    for a, b in zip(saved, recomputed):
+        assert torch.equal(a, b)
+    monkeypatch.setattr(chunk_bwd, "chunk_gated_delta_rule_bwd", real)
+    for backend, kw in (("fused", {}), ("materialized", dict(solve_method="newton_schulz"))):
+        calls.clear()
+        run(backend, **kw)
+        assert calls == ["blocked"], (backend, kw)
 
 
 def test_determinism_script_composes_every_kernel():
