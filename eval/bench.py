@@ -81,6 +81,7 @@ def rel_diff(x, ref):
 def bench_forward(shapes, bandwidth, fla_chunk, backward):
     import triton
     from gdn_fused import chunk_gated_delta_rule
+    from gdn_fused.kernels import fused_fwd
     from gdn_fused.kernels.materialized import uses_state_output_kernel
     from gdn_fused.ops import resolve_backend
     gluon = _gluon_kernel("gluon_forward", "gluon_forward", "GDN_BENCH_SKIP_GLUON_FORWARD")
@@ -115,6 +116,17 @@ def bench_forward(shapes, bandwidth, fla_chunk, backward):
                     return_mode="median")
             finally:
                 del os.environ["GDN_STATE_OUTPUT_KERNEL"]
+        if "fused_ms" in row and fused_fwd.uses_warp_specialized(q, v, CHUNK, None):
+            # the same A/B for the fused backend: its plain-Triton kernel in place of the
+            # warp-specialized route (kernels/fused_fwd.py, WARP_SPECIALIZED)
+            before, fused_fwd.WARP_SPECIALIZED = fused_fwd.WARP_SPECIALIZED, False
+            try:
+                row["fused_tl_ms"] = triton.testing.do_bench(
+                    lambda: chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0,
+                                                   output_final_state=True, backend="fused"),
+                    return_mode="median")
+            finally:
+                fused_fwd.WARP_SPECIALIZED = before
         if gluon is not None:
             # the experimental three-launch Gluon forward (kernels/gluon_forward.py), forward only
             try:
@@ -552,8 +564,8 @@ def write_outputs(out, rows, kkt_row, bandwidth):
         w.writeheader()
         w.writerows(rows)
     lines = [f"copy bandwidth {bandwidth / 1e12:.2f} TB/s; bf16 tensor cores {TENSOR_CORE_FLOPS / 1e12:.0f} TFLOP/s",
-             "", "| B | T | floor ms | fla ms | materialized ms | mat/fla | mat floor frac | mat, tl state+output ms | fused ms | fused/fla | fused floor frac | gluon ms | gluon/fla | mat fwd+bwd ms | fused fwd+bwd ms |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "", "| B | T | floor ms | fla ms | materialized ms | mat/fla | mat floor frac | mat, tl state+output ms | fused ms | fused/fla | fused floor frac | fused, tl kernel ms | gluon ms | gluon/fla | mat fwd+bwd ms | fused fwd+bwd ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     fmt = lambda x: "" if x is None else f"{x:.3f}"  # noqa: E731
     for r in rows:
         fla, mat, fus = r.get("fla_ms"), r.get("materialized_ms"), r.get("fused_ms")
@@ -562,7 +574,8 @@ def write_outputs(out, rows, kkt_row, bandwidth):
                      fmt(r["floor_ms"] / mat if mat else None), fmt(r.get("materialized_tl_ms")),
                      fmt(fus),
                      fmt(fus / fla if fla and fus else None),
-                     fmt(r["floor_ms"] / fus if fus else None), fmt(r.get("gluon_ms")),
+                     fmt(r["floor_ms"] / fus if fus else None), fmt(r.get("fused_tl_ms")),
+                     fmt(r.get("gluon_ms")),
                      fmt(r["gluon_ms"] / fla if fla and r.get("gluon_ms") else None),
                      fmt(r.get("materialized_fwdbwd_ms")), fmt(r.get("fused_fwdbwd_ms"))]) + " |")
     if kkt_row:

@@ -9,8 +9,10 @@ T = (I + A)⁻¹ — what fla saves too (its ``A``): C values a token and value 
 storage dtype (C·2 = 128 B in bf16 at C = 64, 4 KB a token at HV = 32), which spares the
 backward its most latency-bound recompute (chunk_inverse: 250 µs of the backward's 5.4 ms at
 B = 1, T = 32768, H200, session 9). The backward would compute the same bits (the same kernel
-on the same inputs), so the gradients do not change. The fused forward's inverse is fp32 and
-other methods' inverses are not the blocked one: after those the backward recomputes T. Most
+on the same inputs), so the gradients do not change. The fused forward's Hopper route
+(kernels/fused_fwd.uses_warp_specialized) computes that same T and passes it too; its
+plain-Triton kernel's inverse is fp32, and other methods' inverses are not the blocked one:
+after those the backward recomputes T. Most
 saved inputs are the caller's own tensors; two can be copies the op made: q and k after
 ``use_qk_l2norm_in_kernel`` (2·H·K elements a token in their dtype) and g after the op's clamp
 at LOG_DECAY_MIN (HV fp32 a token) — what autograd keeps for those element-wise ops anyway.
@@ -33,9 +35,8 @@ def _forward(backend, q, k, v, g, beta, scale, initial_state, output_final_state
     T where the backward can read it instead of recomputing it (module docstring)."""
     if backend == "fused":
         from gdn_fused.kernels.fused_fwd import fused_fwd
-        o, ht = fused_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-                          chunk_size, cu_seqlens_cpu=cu_seqlens_cpu)
-        return (o, ht, None) if keep_inverse else (o, ht)
+        return fused_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
+                         chunk_size, cu_seqlens_cpu=cu_seqlens_cpu, return_inverse=keep_inverse)
     from gdn_fused.kernels.materialized import materialized_fwd
     # only the blocked inverse in the default storage dtype is the T the backward computes
     keep = keep_inverse and solve_method == "blocked" and solve_iters is None

@@ -32,6 +32,7 @@ Design notes and the reasons behind them: docs/fused_design.md.
 """
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -58,6 +59,17 @@ NUM_WARPS = 8
 # the inverse's dependency chain measured ~20 µs a chunk step on the H200: B=8, T=4096 went
 # 5.78 → 2.89 ms, B=1, T=32768 11.56 → 4.17 ms (eval.bench, docs/speed_log.md).
 PRECOMPUTE_INVERSE = True
+# On Hopper, for the inputs the Gluon state + output kernel takes (materialized.
+# uses_state_output_kernel: sm_90, bf16, K = V = 128, chunk 64, dense batches of 8,192+
+# tokens), the fused forward runs the same structure as this kernel (every chunk's T first,
+# chunk-parallel, then one launch over the chunks doing W, U, the state recurrence and the
+# output on chip) warp-specialized in Gluon: kernels/gluon_transposed.forward_t, whose fourth
+# warpgroup forms W and U beside the state chain, after the Gluon kkt_solve_from_k's bf16 T.
+# This plain-Triton kernel keeps every other input, the interpreter and the launch overrides
+# (a call naming num_segments, precompute_inverse, block_v, num_warps or num_stages runs it).
+# H200, (1, 32768): 4.00 ms for this kernel (register spills of a one-program-per-head chunk
+# loop, docs/fused_design.md). GDN_FUSED_WARP_SPECIALIZED=0 turns the route off (A/B timing).
+WARP_SPECIALIZED = os.environ.get("GDN_FUSED_WARP_SPECIALIZED", "1") != "0"
 IEEE = tl.constexpr("ieee")  # exact for fp32 operands; 16-bit operands use tensor cores anyway
 
 
@@ -405,8 +417,11 @@ def _fused_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
                   output_final_state: bool, cu_seqlens: Optional[torch.Tensor],
                   chunk_size: int, num_segments: int, precompute_inverse: bool,
                   block_v: int, num_warps: int, num_stages: int,
-                  cu_seqlens_cpu: Optional[torch.Tensor] = None
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+                  cu_seqlens_cpu: Optional[torch.Tensor] = None, warp_specialized: bool = False
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if warp_specialized:
+        return _warp_specialized_fwd(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                     chunk_size)
     from gdn_fused.kernels import fused_split  # builds on this module's chunk helpers
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -439,7 +454,30 @@ def _fused_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
         USE_H0=initial_state is not None, STORE_HT=output_final_state,
         VARLEN=cu_seqlens is not None, LOAD_T=Ai is not None, STATE_PRECISION=precision,
         COMPOSE_PRECISION=compose_precision, **options)
-    return o, ht
+    return o, ht, o.new_empty(0)
+
+
+def uses_warp_specialized(q, v, chunk_size, cu_seqlens) -> bool:
+    """Whether the fused forward runs :func:`_warp_specialized_fwd` for these inputs
+    (WARP_SPECIALIZED and the Gluon kernel's conditions, materialized.uses_state_output_kernel;
+    no device sync)."""
+    from gdn_fused.kernels.materialized import uses_state_output_kernel
+    return WARP_SPECIALIZED and uses_state_output_kernel(q, v, chunk_size, cu_seqlens)
+
+
+def _warp_specialized_fwd(q, k, v, g, beta, scale, initial_state, output_final_state,
+                          chunk_size):
+    """The fused forward on Hopper (WARP_SPECIALIZED): G, then T (bf16, the Gluon
+    kkt_solve_from_k, the bits the backward would recompute), then forward_t. Returns
+    (o, final state or an empty tensor, T)."""
+    from gdn_fused.kernels.chunk_gate import chunk_cumsum
+    from gdn_fused.kernels.gluon_transposed import forward_t
+    from gdn_fused.kernels.kkt_solve import chunk_inverse, default_inverse_dtype
+    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+    G = chunk_cumsum(g, chunk_size)
+    Ai = chunk_inverse(k, G, beta, v.shape[2], chunk_size, default_inverse_dtype(q.dtype))
+    o, ht = forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state)
+    return o, (ht if ht is not None else o.new_empty(0, dtype=torch.float32)), Ai
 
 
 def precomputed_inverse(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, HV: int,
@@ -462,13 +500,15 @@ def precomputed_inverse(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, HV
 
 @_fused_fwd_op.register_fake
 def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_size,
-      num_segments, precompute_inverse, block_v, num_warps, num_stages, cu_seqlens_cpu=None):
+      num_segments, precompute_inverse, block_v, num_warps, num_stages, cu_seqlens_cpu=None,
+      warp_specialized=False):
     B, T, _, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     o = q.new_empty(B, T, HV, V)
     ht = q.new_empty((N, HV, K, V) if output_final_state else (0,), dtype=torch.float32)
-    return o, ht
+    Ai = q.new_empty((B, T, HV, chunk_size) if warp_specialized else (0,))
+    return o, ht, Ai
 
 
 def fused_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
@@ -477,9 +517,12 @@ def fused_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
               chunk_size: int = 64, num_segments: Optional[int] = None,
               precompute_inverse: Optional[bool] = None, block_v: Optional[int] = None,
               num_warps: Optional[int] = None, num_stages: Optional[int] = None,
-              cu_seqlens_cpu: Optional[torch.Tensor] = None):
-    """Chunkwise Gated DeltaNet forward, the whole chunk recurrence in one fused Triton launch
-    (design card §Chunkwise form), after the chunk-parallel inverse (``precompute_inverse``).
+              cu_seqlens_cpu: Optional[torch.Tensor] = None, return_inverse: bool = False):
+    """Chunkwise Gated DeltaNet forward, the whole chunk recurrence in one fused launch
+    (design card §Chunkwise form), after the chunk-parallel inverse (``precompute_inverse``):
+    on Hopper for the inputs :func:`uses_warp_specialized` accepts, the warp-specialized
+    Gluon kernel (W and U on chip beside the state chain; see WARP_SPECIALIZED), else this
+    module's plain-Triton kernel.
 
     Inputs are taken as validated by :func:`gdn_fused.validation.check_inputs` (q and k already
     L2-normalised if that was asked for) and supported by :func:`unsupported_reason`.
@@ -511,9 +554,12 @@ def fused_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
             [16, V] raises ValueError.
         cu_seqlens_cpu: cu_seqlens on the host if the caller has it (validation's copy), so
             the precomputed inverse's chunk indices need no device read.
+        return_inverse: also return the warp-specialized route's T ([B, T, HV, 64] bf16, the
+            blocked inverse the backward would recompute), or None where the plain kernel ran.
 
     Returns:
-        ``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] fp32 or None)``.
+        ``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] fp32 or None)``, and T
+        with ``return_inverse``.
 
     Registered as the custom op ``torch.ops.gdn_fused.fused_fwd`` (with a fake implementation)
     so torch.compile sees one opaque op; no autotuning, and no host synchronisation except
@@ -524,10 +570,14 @@ def fused_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     if block_v is not None and (not isinstance(block_v, int) or block_v < 16 or block_v > V
                                 or block_v & (block_v - 1)):
         raise ValueError(f"block_v must be a power of two in [16, V={V}], got {block_v!r}")
-    o, ht = _fused_fwd_op(q, k, v, g, beta, float(scale), initial_state,
-                          bool(output_final_state), cu_seqlens, int(chunk_size),
-                          int(num_segments or 0),
-                          PRECOMPUTE_INVERSE if precompute_inverse is None
-                          else bool(precompute_inverse), int(block_v or 0),
-                          int(num_warps or 0), int(num_stages or 0), cu_seqlens_cpu)
-    return o, (ht if output_final_state else None)
+    overrides = (num_segments, precompute_inverse, block_v, num_warps, num_stages)
+    ws = (all(x is None for x in overrides)
+          and uses_warp_specialized(q, v, chunk_size, cu_seqlens))
+    o, ht, Ai = _fused_fwd_op(q, k, v, g, beta, float(scale), initial_state,
+                              bool(output_final_state), cu_seqlens, int(chunk_size),
+                              int(num_segments or 0),
+                              PRECOMPUTE_INVERSE if precompute_inverse is None
+                              else bool(precompute_inverse), int(block_v or 0),
+                              int(num_warps or 0), int(num_stages or 0), cu_seqlens_cpu, ws)
+    ht = ht if output_final_state else None
+    return (o, ht, Ai if ws else None) if return_inverse else (o, ht)

@@ -261,6 +261,9 @@ GPU_CASES = [
     ("strong", 1, 200, 1, 2, 128, 128, "strong", True, None, 64),
     ("g-zero", 1, 200, 1, 2, 128, 128, "zero", True, None, 64),
     ("varlen-empty", 1, 400, 2, 2, 128, 128, "normal", True, [0, 130, 130, 317, 380], 64),
+    # long enough for the Hopper routes (the Gluon state + output kernel; the fused backend's
+    # forward_t, whose T the backward then reads)
+    ("dense-8192", 1, 8192, 2, 4, 128, 128, "normal", True, None, 64),
 ]
 
 
