@@ -20,18 +20,29 @@ def _fused_supported(q, v, chunk_size):
     return fused_fwd.unsupported_reason(q, v, chunk_size)
 
 
-# auto picks the fused kernel only where it has been measured faster than materialized. The
-# plain-Triton fused kernel (kernels/fused_fwd.py) is correct but, measured on the H200 at
-# H=16, HV=32, K=V=128, bf16, 3.1× slower than materialized at (B, T) = (1, 32768) (4.00 ms vs
-# 1.29 ms) and slower at every anchor shape the GPU binds (eval.bench, 2026-11-30, session 7):
-# register spills of its one-program-per-head chunk loop. Flip this once a fused kernel wins
-# (issue 4).
-AUTO_PICKS_FUSED = False
+# auto picks the fused backend only where it has been measured faster than materialized: its
+# Hopper route (kernels/fused_fwd.uses_warp_specialized: forward_t, W and U on chip) where the
+# sequences are not cut into segments. H200, H=16, HV=32, K=V=128, bf16 (eval.bench, session 10):
+# forward 0.90 vs 1.02 ms at (8, 4096), 1.79 vs 2.04 at (32, 2048), 0.50 vs 0.54 at (1, 8192);
+# fwd+bwd 5.84 vs 5.95, 11.65 vs 11.87, 1.76 vs 1.98. Split (512+ chunks at small B·HV), the
+# materialized forward's two output warpgroups win: 1.28 vs 1.34 ms at (1, 32768). Elsewhere
+# the plain-Triton fused kernel is slower than materialized at every shape the GPU binds
+# (4.00 vs 1.29 ms at (1, 32768): register spills of its one-program-per-head chunk loop).
+def _auto_picks_fused(q, v, chunk_size, cu_seqlens) -> bool:
+    from gdn_fused.kernels.fused_fwd import uses_warp_specialized
+    if not uses_warp_specialized(q, v, chunk_size, cu_seqlens):
+        return False
+    from gdn_fused.kernels.chunk_index import sm_count
+    from gdn_fused.kernels.gluon_transposed import num_segments
+    B, T, HV = q.shape[0], q.shape[1], v.shape[2]
+    return num_segments(B * HV, -(-T // chunk_size), sm_count(q.device)) == 1
 
 
-def resolve_backend(backend: str, q: torch.Tensor, v: torch.Tensor, chunk_size: int) -> str:
-    """Map "auto" to a concrete backend: fused where supported and faster, else materialized on
-    GPU, torch on CPU; every fallback is logged at debug level with its reason."""
+def resolve_backend(backend: str, q: torch.Tensor, v: torch.Tensor, chunk_size: int,
+                    cu_seqlens: torch.Tensor = None) -> str:
+    """Map "auto" to a concrete backend: fused where supported and faster (see
+    :func:`_auto_picks_fused`), else materialized on GPU, torch on CPU; every fallback is
+    logged at debug level with its reason."""
     if backend == "fused":
         why = _fused_supported(q, v, chunk_size)
         if why is not None:
@@ -43,11 +54,10 @@ def resolve_backend(backend: str, q: torch.Tensor, v: torch.Tensor, chunk_size: 
     if q.device.type != "cuda":
         logger.debug("gdn_fused: auto -> torch (tensors on %s)", q.device)
         return "torch"
-    why = _fused_supported(q, v, chunk_size) if AUTO_PICKS_FUSED else \
-        "the fused kernel is not yet faster than materialized"
-    if why is None:
+    if _auto_picks_fused(q, v, chunk_size, cu_seqlens):
         return "fused"
-    logger.debug("gdn_fused: auto -> materialized (%s)", why)
+    logger.debug("gdn_fused: auto -> materialized (the fused backend is not measured faster "
+                 "for these inputs)")
     return "materialized"
 
 
@@ -81,8 +91,10 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
         use_qk_l2norm_in_kernel: L2-normalise q and k (fp32, eps 1e-6) inside the op.
         chunk_size: 16, 32 or 64, an int (numpy integer scalars are taken; floats, bools and
             tensors raise TypeError).
-        backend: "auto" | "torch" | "materialized" | "fused". auto: materialized on CUDA
-            (fused once it is measured faster: see ``AUTO_PICKS_FUSED``), torch on CPU.
+        backend: "auto" | "torch" | "materialized" | "fused". auto: on CUDA fused where it
+            is measured faster (Hopper, bf16, K = V = 128, chunk 64, dense batches of
+            8,192+ tokens not cut into segments: ``_auto_picks_fused``), else materialized;
+            torch on CPU.
         solve_method: the kkt_solve inverse (seed 001, Table 2): "blocked" (default, stable);
             the Triton backends also take "mxr" and "newton_schulz", the torch backend every
             method of :data:`gdn_fused.inverse.METHODS` (including the unstable "mch"). The
@@ -120,7 +132,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
         # on the backend the caller named, before a fallback could rename it in the message
         check_solve_method(backend, solve_method, solve_iters)
         check_device_for_backend(backend, q.device, q.dtype)
-    backend = resolve_backend(backend, q, v, chunk_size)
+    backend = resolve_backend(backend, q, v, chunk_size, cu_seqlens)
     if backend == "fused" and solve_method != "blocked":
         logger.debug("gdn_fused: fused runs solve_method='blocked' only; using materialized")
         backend = "materialized"

@@ -71,13 +71,20 @@ values) for every segment but the last, ``compose_segment_states`` composes the 
 states exactly (fp64, tiny), and the main launch runs all segments side by side. Exact
 algebra, as kernels/fused_split.py: heads with g = 0 compose like decaying ones.
 
-Experimental, correct on the GPU but not faster, so not routed (docs/speed_log.md, session 7):
-``forward_t`` (``WU``): a fourth warpgroup forms each chunk's W and U from T
+``forward_t`` (``WU``), the fused backend's forward on Hopper since session 10
+(kernels/fused_fwd.py, WARP_SPECIALIZED): a fourth warpgroup forms each chunk's W and U from T
 (kkt_solve_from_k's bf16 inverse) and the ring's k and v, so the forward after the inverse is
 this one kernel (207 KB of shared memory, four roles at 128 registers a thread before
-setmaxnreg, chain 232, one output warpgroup: a fifth role does not fit the registers).
-1,053–1,086 µs at (1, 32768) against 1,015–1,068 for recompute_w_u and this kernel: the W/U
-products share the tensor cores with a latency-bound chain. ``chunk_state_t`` (``STORE_H``):
+setmaxnreg, chain 232, one output warpgroup: a fifth role does not fit the registers). H200,
+session 10 (eval.bench, in the fused column): 0.90 ms at (8, 4096) and 1.79 at (32, 2048),
+against 1.02 and 2.04 for the materialized forward's recompute_w_u and this kernel with two
+output warpgroups; 1.34 against 1.28 at (1, 32768), split in two segments, where its map
+pass forms W and U too (session 7, unsplit, one output group each: 1,053–1,086 µs against
+1,015–1,068). Its state error is the materialized forward's (W, U and V' rounded to bf16 for
+the chain's products), not the plain fused kernel's (fp32 T at tf32): bf16 at (1, 8192), 2.5e-3
+against 0.8e-3 with logsigmoid decay, 4.0e-3 against 1.5e-3 at g = 0 (tests/test_fused.py).
+Experimental, correct on the GPU but not faster, so not routed (docs/speed_log.md, session 7):
+``chunk_state_t`` (``STORE_H``):
 chunk_state's contract for the backward's recompute, the second warpgroup storing h_c and V'
 (132 KB, no spills); bit-identical, but 1,121–1,187 µs against chunk_state's 655, with one
 store warpgroup or two on alternate chunks (``_store_h``).
@@ -706,9 +713,9 @@ def chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state
 
 
 def forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state, segments=None):
-    """Experimental: the forward after the inverse in one kernel, W and U formed on chip by a
-    fourth warpgroup (``WU``) instead of read from recompute_w_u; correct on the H200, not
-    faster than the two launches it would replace (module docstring), so not routed.
+    """The forward after the inverse in one kernel, W and U formed on chip by a fourth
+    warpgroup (``WU``) instead of read from recompute_w_u: the fused backend's forward on
+    Hopper (kernels/fused_fwd.py; timings and precision in the module docstring).
 
     q, k [B, T, H, 128] bf16; v [B, T, HV, 128] bf16; G [B, T, HV] (natural-log decay
     cumulated within each chunk of 64); beta [B, T, HV]; Ai [B, T, HV, 64] bf16, T = (I + A)⁻¹
