@@ -307,8 +307,9 @@ def bench_stages(B=1, T=32768):
         except Exception as e:  # experimental: report, keep the other numbers
             print(f"chunk_state_t failed: {e!r}", flush=True)
     if forward_t is not None and transposed is not None:
-        # experimental: W and U formed on chip (a fourth warpgroup) instead of recompute_w_u
-        # + the kernel above; predicted −200 µs here (docs/fused_design.md, session 6 plan)
+        # the fused backend's Hopper route (W and U formed on chip by a fourth warpgroup)
+        # beside recompute_w_u + the kernel above, split as the route splits (num_segments)
+        # and unsplit
         try:
             o_f, _ = forward_t(q, k, v, G, beta, Ai, 0.1, h0, True)
             print("forward_t rel diff vs recompute_w_u + chunk_state + chunk_output: o "
@@ -318,6 +319,8 @@ def bench_stages(B=1, T=32768):
                 q, k, *recompute_w_u(k, v, G, beta, Ai, dot_precision=prec), G, 0.1, h0, True)
             stages["forward_t (W/U on chip)"] = lambda: forward_t(q, k, v, G, beta, Ai, 0.1,
                                                                   h0, True)
+            stages["forward_t 1 segment"] = lambda: forward_t(q, k, v, G, beta, Ai, 0.1, h0,
+                                                              True, segments=1)
         except Exception as e:  # experimental: report, keep the other numbers
             print(f"forward_t failed: {e!r}", flush=True)
     wu = _gluon_kernel("gluon_wu", "wu_gluon", "GDN_BENCH_SKIP_GLUON_WU")

@@ -1,4 +1,6 @@
-"""Fused chunkwise Gated DeltaNet forward: one Triton launch, every intermediate on chip.
+"""Fused chunkwise Gated DeltaNet forward: one launch over the chunks, every intermediate on
+chip — this module's plain-Triton kernel, and on Hopper for dense bf16 batches of 8,192+
+tokens at K = V = 128 the warp-specialized Gluon kernel it routes to (WARP_SPECIALIZED below).
 
 Each program owns one (sequence, value head, block of BV value columns) and walks that
 sequence's chunks in order, carrying its K×BV slice of the state S in fp32 registers. Per chunk
@@ -13,9 +15,10 @@ arXiv:2412.06464, §3.3)::
     O  = scale (D_exp(G) Q S + lowerIncl(Γ ⊙ Q Kᵀ) V')
     S ← exp(G_C) S + Kᵀ (D_exp(G_C − G) V')
 
-Only o and the final state are written to HBM, except that by default (PRECOMPUTE_INVERSE)
-each chunk's T is first computed by chunk-parallel launches and read here, which takes the
-inverse off the sequential chunk loop at the cost of fp32 scratch A and T (B·T·HV·C each).
+In the plain kernel only o and the final state are written to HBM, except that by default
+(PRECOMPUTE_INVERSE) each chunk's T is first computed by chunk-parallel launches and read
+here, which takes the inverse off the sequential chunk loop at the cost of fp32 scratch A and
+T (B·T·HV·C each); the Hopper route's T is bf16 and is returned for the backward.
 Long sequences with few heads can be cut into segments run side by side (:mod:`gdn_fused.kernels.fused_split`): one extra launch summarises
 each segment's affine state map, and each program here first composes its exact entering state.
 
@@ -417,9 +420,10 @@ def _fused_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
                   output_final_state: bool, cu_seqlens: Optional[torch.Tensor],
                   chunk_size: int, num_segments: int, precompute_inverse: bool,
                   block_v: int, num_warps: int, num_stages: int,
-                  cu_seqlens_cpu: Optional[torch.Tensor] = None, warp_specialized: bool = False
+                  cu_seqlens_cpu: Optional[torch.Tensor] = None, allow_route: bool = False
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    if warp_specialized:
+    if _takes_route(q, v, chunk_size, cu_seqlens, allow_route, num_segments, block_v,
+                    num_warps, num_stages):
         return _warp_specialized_fwd(q, k, v, g, beta, scale, initial_state, output_final_state,
                                      chunk_size)
     from gdn_fused.kernels import fused_split  # builds on this module's chunk helpers
@@ -455,6 +459,15 @@ def _fused_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
         VARLEN=cu_seqlens is not None, LOAD_T=Ai is not None, STATE_PRECISION=precision,
         COMPOSE_PRECISION=compose_precision, **options)
     return o, ht, o.new_empty(0)
+
+
+def _takes_route(q, v, chunk_size, cu_seqlens, allow_route, num_segments, block_v, num_warps,
+                 num_stages) -> bool:
+    """The op's route decision, made inside the op (its real and its fake implementation
+    alike) so that torch.compile sees one opaque op and guards on the shapes the decision
+    reads: the Hopper route unless the caller forbids it or names a launch override."""
+    return (allow_route and not (num_segments or block_v or num_warps or num_stages)
+            and uses_warp_specialized(q, v, chunk_size, cu_seqlens))
 
 
 def uses_warp_specialized(q, v, chunk_size, cu_seqlens) -> bool:
@@ -501,13 +514,15 @@ def precomputed_inverse(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, HV
 @_fused_fwd_op.register_fake
 def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_size,
       num_segments, precompute_inverse, block_v, num_warps, num_stages, cu_seqlens_cpu=None,
-      warp_specialized=False):
+      allow_route=False):
+    route = _takes_route(q, v, chunk_size, cu_seqlens, allow_route, num_segments, block_v,
+                         num_warps, num_stages)
     B, T, _, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     o = q.new_empty(B, T, HV, V)
     ht = q.new_empty((N, HV, K, V) if output_final_state else (0,), dtype=torch.float32)
-    Ai = q.new_empty((B, T, HV, chunk_size) if warp_specialized else (0,))
+    Ai = q.new_empty((B, T, HV, chunk_size) if route else (0,))
     return o, ht, Ai
 
 
@@ -570,14 +585,16 @@ def fused_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     if block_v is not None and (not isinstance(block_v, int) or block_v < 16 or block_v > V
                                 or block_v & (block_v - 1)):
         raise ValueError(f"block_v must be a power of two in [16, V={V}], got {block_v!r}")
+    # any launch override (precompute_inverse too: the op sees it resolved) asks for this
+    # module's kernel
     overrides = (num_segments, precompute_inverse, block_v, num_warps, num_stages)
-    ws = (all(x is None for x in overrides)
-          and uses_warp_specialized(q, v, chunk_size, cu_seqlens))
+    allow_route = all(x is None for x in overrides)
     o, ht, Ai = _fused_fwd_op(q, k, v, g, beta, float(scale), initial_state,
                               bool(output_final_state), cu_seqlens, int(chunk_size),
                               int(num_segments or 0),
                               PRECOMPUTE_INVERSE if precompute_inverse is None
                               else bool(precompute_inverse), int(block_v or 0),
-                              int(num_warps or 0), int(num_stages or 0), cu_seqlens_cpu, ws)
+                              int(num_warps or 0), int(num_stages or 0), cu_seqlens_cpu,
+                              allow_route)
     ht = ht if output_final_state else None
-    return (o, ht, Ai if ws else None) if return_inverse else (o, ht)
+    return (o, ht, Ai if Ai.numel() else None) if return_inverse else (o, ht)

@@ -170,7 +170,8 @@ def test_backward_reads_the_forward_inverse(monkeypatch):
     for a, b in zip(saved, recomputed):
         assert torch.equal(a, b)
     monkeypatch.setattr(chunk_bwd, "chunk_gated_delta_rule_bwd", real)
-    for backend, kw in (("fused", {}), ("materialized", dict(solve_method="newton_schulz"))):
+    for backend, kw in (("fused", {}), ("materialized", dict(solve_method="mxr")),
+                        ("materialized", dict(solve_method="newton_schulz"))):
         calls.clear()
         run(backend, **kw)
         assert calls == ["blocked"], (backend, kw)

@@ -163,21 +163,30 @@ def test_num_segments_heuristic():
     assert choose_num_segments(N=1, mean_len=64, **qwen) == 1
 
 
-def test_custom_op_fake_and_compile():
+def test_custom_op_fake_and_compile(monkeypatch):
     """torch.compile sees one opaque op with a fake implementation: shapes/dtypes through
-    FakeTensorMode, and a full graph compiled (aot_eager) matches eager."""
+    FakeTensorMode (the Hopper route's T too, its decision stubbed), and a full graph compiled
+    (aot_eager) matches eager."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-    q, k, v, g, b, h = make_inputs(1, 20, 1, 2, 64, 64, initial_state=True)
+
+    from gdn_fused.kernels import fused_fwd as module
+    # fp16: the fake's T must take q's dtype, which fp32 inputs would not tell from its own
+    q, k, v, g, b, h = make_inputs(1, 20, 1, 2, 64, 64, torch.float16, initial_state=True)
     with FakeTensorMode() as mode:
         fq, fk, fv, fg, fb, fh = (mode.from_tensor(x) for x in (q, k, v, g, b, h))
         o, ht, Ai = torch.ops.gdn_fused.fused_fwd(fq, fk, fv, fg, fb, 0.125, fh, True, None,
                                                    64, 0, True, 0, 0, 0, None)
         assert o.shape == v.shape and o.dtype == q.dtype
         assert ht.shape == h.shape and ht.dtype == torch.float32
-        assert Ai.shape == (0,)  # T only from the Hopper route (warp_specialized)
+        assert Ai.shape == (0,)  # T only from the Hopper route
+        monkeypatch.setattr(module, "uses_warp_specialized", lambda *args: True)
         o, ht, Ai = torch.ops.gdn_fused.fused_fwd(fq, fk, fv, fg, fb, 0.125, fh, False, None,
                                                    64, 0, True, 0, 0, 0, None, True)
         assert ht.shape == (0,) and Ai.shape == (*v.shape[:3], 64) and Ai.dtype == q.dtype
+        o, ht, Ai = torch.ops.gdn_fused.fused_fwd(fq, fk, fv, fg, fb, 0.125, fh, False, None,
+                                                   64, 2, True, 0, 0, 0, None, True)
+        assert Ai.shape == (0,)  # a launch override: the plain kernel
+    monkeypatch.undo()
 
     def f(q, k, v, g, b, h):
         o, ht = fused_fwd(q, k, v, g, b, 0.125, h, True, None, 64)
@@ -210,9 +219,11 @@ def test_warp_specialized_route_composition(monkeypatch):
     assert seen == [64] and Ai.shape == (1, 70, 2, 64)
     o_ref, ht_ref = truth(q, k, v, g, b, h, None, 0.125)
     assert rel_err(o, o_ref) <= 1e-5 and rel_err(ht, ht_ref) <= 1e-5
-    _, _, Ai = fused_fwd(q, k, v, g, b, 0.125, h, True, None, 64, num_segments=1,
-                         return_inverse=True)
-    assert seen == [64] and Ai is None  # an override runs the plain kernel
+    for override in (dict(num_segments=1), dict(precompute_inverse=True), dict(block_v=64),
+                     dict(num_warps=8), dict(num_stages=1)):  # an override: the plain kernel
+        _, _, Ai = fused_fwd(q, k, v, g, b, 0.125, h, True, None, 64, return_inverse=True,
+                             **override)
+        assert seen == [64] and Ai is None, override
     calls, solve = [], chunk_bwd.chunk_inverse
     monkeypatch.setattr(chunk_bwd, "chunk_inverse",
                         lambda *a, **kw: calls.append(1) or solve(*a, **kw))
@@ -243,13 +254,54 @@ def test_auto_picks_the_route_where_it_was_measured_faster(monkeypatch):
                      (False, 1, 8192): False, (False, 32, 2048): False}
 
 
+def test_route_decisions_see_cu_seqlens_and_the_switch(monkeypatch):
+    """auto and fused_fwd ask about the route with the call's cu_seqlens (the route runs dense
+    batches only), auto resolves to fused where the rule says so, and WARP_SPECIALIZED turns
+    the route off (stand-in tensors for the CUDA ones; the rule itself is tested above)."""
+    from types import SimpleNamespace
+
+    from gdn_fused import chunk_gated_delta_rule
+    from gdn_fused.kernels import chunk_index, materialized
+    from gdn_fused.kernels import fused_fwd as module
+    from gdn_fused.ops import resolve_backend
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    monkeypatch.setattr(chunk_index, "sm_count", lambda device: 132)
+    asked = []
+    monkeypatch.setattr(module, "uses_warp_specialized",
+                        lambda q, v, C, cu: asked.append(cu) or cu is None)
+    x = SimpleNamespace(device=torch.device("cuda"), shape=(8, 4096, 16, 128))
+    y = SimpleNamespace(device=torch.device("cuda"), shape=(8, 4096, 32, 128))
+    assert resolve_backend("auto", x, y, 64) == "fused"
+    cu = torch.tensor([0, 4096])
+    assert resolve_backend("auto", x, y, 64, cu) == "materialized" and asked[-1] is cu
+    q, k, v, g, b, h = make_inputs(1, 20, 1, 2, 64, 64)
+    cu = torch.tensor([0, 7, 20])
+    asked.clear()
+    fused_fwd(q, k, v, g, b, 0.125, None, True, cu, 64)
+    assert len(asked) == 1 and asked[0] is cu
+    resolved = []
+    real = resolve_backend
+
+    def spy(*args):
+        resolved.append(args)
+        return real(*args)
+    monkeypatch.setattr("gdn_fused.ops.resolve_backend", spy)
+    chunk_gated_delta_rule(q, k, v, g, b, cu_seqlens=cu, backend="fused")
+    assert resolved[-1][4] is cu
+    monkeypatch.undo()
+    monkeypatch.setattr(materialized, "uses_state_output_kernel", lambda *args: True)
+    assert module.uses_warp_specialized(q, v, 64, None)
+    monkeypatch.setattr(module, "WARP_SPECIALIZED", False)
+    assert not module.uses_warp_specialized(q, v, 64, None)
+
+
 # ----------------------------------------------------------------------------------------------
 # GPU (bf16, full size)
 # ----------------------------------------------------------------------------------------------
 
-def _gpu_check(q, k, v, g, b, h, cu=None, num_segments=None, label=""):
+def _gpu_check(q, k, v, g, b, h, cu=None, num_segments=None, label="", **launch):
     o, ht = fused_fwd(q, k, v, g, b, q.shape[-1] ** -0.5, h, True, cu, 64,
-                      num_segments=num_segments)
+                      num_segments=num_segments, **launch)
     o_ref, ht_ref = truth(q, k, v, g, b, h, cu)
     eo, es = rel_err(o, o_ref), rel_err(ht, ht_ref)
     print(f"fused bf16 {label}: o {eo:.2e} state {es:.2e}")
@@ -258,12 +310,16 @@ def _gpu_check(q, k, v, g, b, h, cu=None, num_segments=None, label=""):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("num_segments", [1, 4, None])
-def test_fused_gpu_bf16_qwen_layer(num_segments):
-    """A Qwen3-Next layer, H = 16, HV = 32, K = V = 128, T = 8192; forced and auto splitting."""
+@pytest.mark.parametrize("launch", [dict(num_segments=1), dict(num_segments=4),
+                                    dict(precompute_inverse=True), {}],
+                         ids=["plain-NS1", "plain-NS4", "plain-auto-split", "route"])
+def test_fused_gpu_bf16_qwen_layer(launch):
+    """A Qwen3-Next layer, H = 16, HV = 32, K = V = 128, T = 8192: the plain kernel with forced
+    and automatic splitting (any launch override picks it), and the default, the Hopper
+    route."""
     q, k, v, g, b, h = make_inputs(1, 8192, 16, 32, 128, 128, torch.bfloat16,
                                    initial_state=True, device="cuda")
-    _gpu_check(q, k, v, g, b, h, num_segments=num_segments, label=f"qwen NS={num_segments}")
+    _gpu_check(q, k, v, g, b, h, label=f"qwen {launch}", **launch)
 
 
 @pytest.mark.gpu
@@ -288,10 +344,11 @@ def test_fused_gpu_matches_materialized():
     from gdn_fused import chunk_gated_delta_rule
     q, k, v, g, b, h = make_inputs(2, 4096, 16, 32, 128, 128, torch.bfloat16,
                                    initial_state=True, device="cuda")
-    o_f, ht_f = fused_fwd(q, k, v, g, b, 128 ** -0.5, h, True, None, 64)
     o_m, ht_m = chunk_gated_delta_rule(q, k, v, g, b, initial_state=h, output_final_state=True,
                                        backend="materialized")
-    assert rel_err(o_f, o_m) <= 1e-2 and rel_err(ht_f, ht_m) <= 5e-3
+    for launch in ({}, dict(precompute_inverse=True)):  # the Hopper route, the plain kernel
+        o_f, ht_f = fused_fwd(q, k, v, g, b, 128 ** -0.5, h, True, None, 64, **launch)
+        assert rel_err(o_f, o_m) <= 1e-2 and rel_err(ht_f, ht_m) <= 5e-3, launch
 
 
 @pytest.mark.gpu
@@ -405,3 +462,21 @@ def test_fused_gpu_anchor_shapes_errors():
         del o_ref, ht_ref
         torch.cuda.empty_cache()
         assert errs["fused"][0] <= GPU_BOUND["o"] and errs["fused"][1] <= GPU_BOUND["state"]
+
+
+@pytest.mark.gpu
+def test_fused_gpu_route_compiles():
+    """torch.compile (fullgraph) through fused_fwd where the Hopper route runs: the decision is
+    made inside the opaque op, so the graph holds one op; the same bits as eager, T included."""
+    from gdn_fused.kernels.fused_fwd import uses_warp_specialized
+    xs = make_inputs(1, 8192, 16, 32, 128, 128, torch.bfloat16, initial_state=True,
+                     device="cuda")
+    assert uses_warp_specialized(xs[0], xs[2], 64, None)
+
+    def f(q, k, v, g, b, h):
+        return fused_fwd(q, k, v, g, b, 128 ** -0.5, h, True, None, 64, return_inverse=True)
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)(*xs)
+    eager = f(*xs)
+    assert eager[2] is not None and eager[2].shape == (1, 8192, 32, 64)
+    for c, e in zip(compiled, eager):
+        assert torch.equal(c, e)
