@@ -1,4 +1,5 @@
-"""The experimental transposed-state Gluon state + output kernel: its sm_90a PTX on any machine,
+"""The transposed-state Gluon state + output kernel (the materialized forward's on Hopper; with
+W and U on chip, forward_t, the fused backend's): its sm_90a PTX on any machine,
 and on a Hopper GPU the o and final state of chunk_state + chunk_output and of the fp64
 recurrence."""
 import pytest
@@ -21,7 +22,7 @@ from tests.test_gluon_state_output import (assert_like_triton_state_output,  # n
     # (chain 232), 32 bytes of spill stores, 44 of loads (measured); a second o staging tile
     ("state+output transposed gluon, two output groups", 52, 10, 44, 128, 227),
     # the state pass alone fits two programs an SM
-    ("state transposed gluon, no output", 12, 6, 0, 168, 100),
+    ("state transposed gluon, no output (experimental)", 12, 6, 0, 168, 100),
     ("segment maps transposed gluon", 12, 6, 0, 168, 100),
     # W and U formed on chip: + 4 k-steps each; T, v and the [2, C] gate box instead of w, u
     # and the [1, C] one; four roles at 128 registers a thread before setmaxnreg, 36 bytes of
@@ -29,11 +30,10 @@ from tests.test_gluon_state_output import (assert_like_triton_state_output,  # n
     ("forward transposed gluon, W/U on chip", 40, 8, 36, 128, 227),
     ("segment maps transposed gluon, W/U on chip", 20, 5, 48, 128, 227),
     # h and v_new stored by two warpgroups on alternate chunks (no products there; no q)
-    ("state pass storing h transposed gluon", 12, 6, 0, 128, 227),
+    ("state pass storing h transposed gluon (experimental)", 12, 6, 0, 128, 227),
 ])
 def test_compiles_to_a_warp_specialized_kernel_with_register_operands(name, wgmma, tma, spill,
                                                                       maxnreg, shared_kb):
-    name += " (experimental)"
     build, options = _kernels()[name]
     r = compile_report(*build(), **options)
     f = r["features"]
