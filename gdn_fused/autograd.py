@@ -12,10 +12,10 @@ B = 1, T = 32768, H200, session 9). The backward would compute the same bits (th
 on the same inputs), so the gradients do not change. The fused forward's Hopper route
 (kernels/fused_fwd.uses_warp_specialized) computes that same T and passes it too; its
 plain-Triton kernel's inverse is fp32, and other methods' inverses are not the blocked one:
-after those the backward recomputes T. Most
-saved inputs are the caller's own tensors; two can be copies the op made: q and k after
-``use_qk_l2norm_in_kernel`` (2·H·K elements a token in their dtype) and g after the op's clamp
-at LOG_DECAY_MIN (HV fp32 a token) — what autograd keeps for those element-wise ops anyway.
+after those the backward recomputes T. Most saved inputs are the caller's own tensors; two
+can be copies the op made: q and k after ``use_qk_l2norm_in_kernel`` (2·H·K elements a token
+in their dtype) and g after the op's clamp at LOG_DECAY_MIN (HV fp32 a token) — what autograd
+keeps for those element-wise ops anyway.
 
 :func:`backward_by_recompute` is the slow exact reference: it differentiates the chunked torch
 form (:func:`gdn_fused.reference.chunk_gated_delta_rule_ref`) in fp32 under torch autograd.
