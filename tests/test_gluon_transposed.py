@@ -296,8 +296,8 @@ def _w_u_as_on_chip(k, v, G, beta, Ai):
     (1, 8192, 2, 4, "normal"),
 ])
 def test_forward_with_w_u_on_chip(B, T, H, HV, gate, segments):
-    """forward_t (W and U formed on chip; the fused backend's Hopper route): against the same kernel fed W and U
-    rounded as on chip in torch (tight where gates decay: only summation order differs),
+    """forward_t (W and U formed on chip; the fused backend's Hopper route): against the same
+    kernel fed W and U rounded as on chip in torch (tight where gates decay: only summation order differs),
     against it fed recompute_w_u's W and U (one bf16 rounding at another place: predicted
     3.6e-3 – 6.2e-3 at T = 8192), and against the fp64 recurrence with the materialized
     path's bounds."""
