@@ -567,8 +567,8 @@ def write_outputs(out, rows, kkt_row, bandwidth):
         w.writeheader()
         w.writerows(rows)
     lines = [f"copy bandwidth {bandwidth / 1e12:.2f} TB/s; bf16 tensor cores {TENSOR_CORE_FLOPS / 1e12:.0f} TFLOP/s",
-             "", "| B | T | floor ms | fla ms | materialized ms | mat/fla | mat floor frac | mat, tl state+output ms | fused ms | fused/fla | fused floor frac | fused, tl kernel ms | gluon ms | gluon/fla | mat fwd+bwd ms | fused fwd+bwd ms |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "", "| B | T | floor ms | fla ms | materialized ms | mat/fla | mat floor frac | mat, tl state+output ms | fused ms | fused/fla | fused floor frac | fused, tl kernel ms | gluon ms | gluon/fla | mat fwd+bwd ms | fused fwd+bwd ms | fused fwd+bwd / fla fwd |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     fmt = lambda x: "" if x is None else f"{x:.3f}"  # noqa: E731
     for r in rows:
         fla, mat, fus = r.get("fla_ms"), r.get("materialized_ms"), r.get("fused_ms")
@@ -580,7 +580,10 @@ def write_outputs(out, rows, kkt_row, bandwidth):
                      fmt(r["floor_ms"] / fus if fus else None), fmt(r.get("fused_tl_ms")),
                      fmt(r.get("gluon_ms")),
                      fmt(r["gluon_ms"] / fla if fla and r.get("gluon_ms") else None),
-                     fmt(r.get("materialized_fwdbwd_ms")), fmt(r.get("fused_fwdbwd_ms"))]) + " |")
+                     fmt(r.get("materialized_fwdbwd_ms")), fmt(r.get("fused_fwdbwd_ms")),
+                     # issue 5's measure: fla's backward refuses on Triton 3.6 / Hopper
+                     fmt(r["fused_fwdbwd_ms"] / fla if fla and r.get("fused_fwdbwd_ms")
+                         else None)]) + " |")
     if kkt_row:
         lines += ["", "kkt_solve: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                                 for k, v in kkt_row.items())]
