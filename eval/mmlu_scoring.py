@@ -63,7 +63,9 @@ def _forward_last(model, ids: torch.Tensor, last: torch.Tensor, stream: int | No
         keep, slot = torch.unique(last[here] - start, return_inverse=True)
         out = model(input_ids=ids[:, start:end], logits_to_keep=keep if len(here) else 1,
                     use_cache=True, **{cache_kwarg: cache})
-        cache = out.get("cache", out.get("past_key_values"))
+        # (not out.get("cache", out.get(...)): the default is evaluated, and reading the
+        # deprecated key warns on transformers 5.24)
+        cache = out["cache"] if "cache" in out else out.get("past_key_values")
         for r, s in zip(here.tolist(), slot.tolist()):
             picked[r] = out.logits[r, s]
     return torch.stack(picked)

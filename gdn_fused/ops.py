@@ -22,7 +22,8 @@ def _fused_supported(q, v, chunk_size):
 
 # auto picks the fused backend only where it has been measured faster than materialized: its
 # Hopper route (kernels/fused_fwd.uses_warp_specialized: forward_t, W and U on chip) where the
-# sequences are not cut into segments. H200, H=16, HV=32, K=V=128, bf16 (eval.bench, session 10):
+# sequences are not cut into segments. H200, H=16, HV=32, K=V=128, bf16 (eval.bench, session 10,
+# docs/results/bench_route_2026-11-30_s10.md; the final run's agree to 2 %):
 # forward 0.90 vs 1.02 ms at (8, 4096), 1.79 vs 2.04 at (32, 2048), 0.50 vs 0.54 at (1, 8192);
 # fwd+bwd 5.84 vs 5.95, 11.65 vs 11.87, 1.76 vs 1.98. Split (512+ chunks at small B·HV), the
 # materialized forward's two output warpgroups win: 1.28 vs 1.34 ms at (1, 32768). Elsewhere

@@ -23,6 +23,7 @@ from gdn_fused.kernels.chunk_state import chunk_state
 from gdn_fused.kernels.kkt import dot_precision
 from gdn_fused.kernels.kkt_solve import chunk_inverse, default_inverse_dtype
 from gdn_fused.kernels.wu import recompute_w_u
+from gdn_fused.validation import triton_interpreted
 
 
 def contiguous(*xs):
@@ -45,8 +46,7 @@ def uses_state_output_kernel(q, v, chunk_size, cu_seqlens):
     last chunk reads the next sequence's rows and only multiplies them by zero, which a
     non-finite value there would turn into NaN), compiled mode, and GDN_STATE_OUTPUT_KERNEL
     not set to 0 (A/B timing)."""
-    if (not q.is_cuda or torch.version.hip is not None
-            or os.environ.get("TRITON_INTERPRET") == "1"
+    if (not q.is_cuda or torch.version.hip is not None or triton_interpreted()
             or os.environ.get("GDN_STATE_OUTPUT_KERNEL") == "0"):
         return False
     if torch.cuda.get_device_capability(q.device) != (9, 0):
