@@ -129,7 +129,8 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
     scale = as_scale(scale, q.shape[-1])
     output_final_state = as_flag("output_final_state", output_final_state)
     use_qk_l2norm_in_kernel = as_flag("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel)
-    if backend != "auto":
+    via_auto = backend == "auto"
+    if not via_auto:
         # on the backend the caller named, before a fallback could rename it in the message
         check_solve_method(backend, solve_method, solve_iters)
         check_device_for_backend(backend, q.device, q.dtype)
@@ -137,7 +138,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
     if backend == "fused" and solve_method != "blocked":
         logger.debug("gdn_fused: fused runs solve_method='blocked' only; using materialized")
         backend = "materialized"
-    solve_iters = check_solve_method(backend, solve_method, solve_iters)
+    solve_iters = check_solve_method(backend, solve_method, solve_iters, via_auto)
     check_device_for_backend(backend, q.device, q.dtype)
     g, beta = fla.gates(g, beta)  # after every check: no work for input that raises
     g = g.clamp(min=LOG_DECAY_MIN)

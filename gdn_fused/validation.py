@@ -194,7 +194,8 @@ def check_device_for_backend(backend: str, device: torch.device, dtype: torch.dt
 TRITON_SOLVE_METHODS = ("blocked", "mxr", "newton_schulz")
 
 
-def check_solve_method(backend: str, solve_method, solve_iters) -> int | None:
+def check_solve_method(backend: str, solve_method, solve_iters, via_auto: bool = False
+                       ) -> int | None:
     """Check the kkt_solve inverse method for ``backend`` (torch: every method of
     gdn_fused.inverse; Triton: ``TRITON_SOLVE_METHODS``) and its iteration count; returns
     solve_iters as a Python int, or None.
@@ -203,12 +204,14 @@ def check_solve_method(backend: str, solve_method, solve_iters) -> int | None:
     int (not a bool), and only for the iterative methods (``METHODS[m].kind == "iterative"``,
     the Newton–Schulz ones), whose iteration count it is. A direct method takes none; "mxr"
     runs with r = 0 refinement steps on its block inverses (paper Alg. 2), the one variant the
-    Triton kernel has; refined "mxr" is :func:`gdn_fused.inverse.invert_unit_lower`'s."""
+    Triton kernel has; refined "mxr" is :func:`gdn_fused.inverse.invert_unit_lower`'s.
+    ``via_auto``: the backend is what backend="auto" chose (said in the message)."""
     from gdn_fused.inverse import METHODS
     allowed = tuple(METHODS) if backend == "torch" else TRITON_SOLVE_METHODS
     if solve_method not in allowed:
-        raise ValueError(f"solve_method must be one of {allowed} on backend {backend!r}, got "
-                         f"{solve_method!r}")
+        chosen = " (chosen by backend='auto' for these inputs)" if via_auto else ""
+        raise ValueError(f"solve_method must be one of {allowed} on backend {backend!r}"
+                         f"{chosen}, got {solve_method!r}")
     if solve_iters is None:
         return None
     solve_iters = as_int("solve_iters", solve_iters)

@@ -190,14 +190,19 @@ def test_numpy_real_scale_is_taken_as_float(scale):
                                                            backend="torch")[0])
 
 
-def test_errors_name_the_backend_the_caller_asked_for():
+def test_errors_name_the_backend_the_caller_asked_for(monkeypatch):
     """fused falls back to materialized for inputs it does not take; a refusal of the input
-    must still speak of backend='fused', not of the fallback."""
+    must still speak of backend='fused', not of the fallback; what auto chose is said to be
+    auto's choice."""
     q, k, v, g, b, _ = make_inputs(1, 20, 2, 4, 16, 8, torch.float64)
     with pytest.raises(TypeError, match="backend='fused'"):
         chunk_gated_delta_rule(q, k, v, g, b, backend="fused")
     with pytest.raises(ValueError, match="on backend 'fused'"):
         chunk_gated_delta_rule(**good(), backend="fused", solve_method="mch")
+    # auto's choice (materialized on CUDA; stood in for here) is named as auto's
+    monkeypatch.setattr("gdn_fused.ops.resolve_backend", lambda *args: "materialized")
+    with pytest.raises(ValueError, match="'materialized' \\(chosen by backend='auto'"):
+        chunk_gated_delta_rule(**good(), solve_method="mch")
 
 
 @pytest.mark.parametrize("backend", ["materialized", "fused"])
