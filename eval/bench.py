@@ -89,12 +89,15 @@ def bench_forward(shapes, bandwidth, fla_chunk, backward):
     for B, T in shapes:
         q, k, v, g, beta, h0 = make_inputs(B, T)
         row = dict(B=B, T=T, floor_ms=roofline_floor_ms(B, T, bandwidth))
+
+        def forward_ms(backend):
+            return triton.testing.do_bench(lambda: chunk_gated_delta_rule(
+                q, k, v, g, beta, initial_state=h0, output_final_state=True, backend=backend),
+                return_mode="median")
         for name in ("fused", "materialized"):
             if name == "fused" and resolve_backend("fused", q, v, CHUNK) != "fused":
                 continue
-            fn = lambda: chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0,  # noqa
-                                                output_final_state=True, backend=name)
-            row[f"{name}_ms"] = triton.testing.do_bench(fn, return_mode="median")
+            row[f"{name}_ms"] = forward_ms(name)
             if backward:
                 leaves = [x.detach().requires_grad_() for x in (q, k, v, g, beta)]
                 do = torch.randn_like(v)
@@ -109,11 +112,7 @@ def bench_forward(shapes, bandwidth, fla_chunk, backward):
             # place of its Gluon state + output kernel
             os.environ["GDN_STATE_OUTPUT_KERNEL"] = "0"
             try:
-                row["materialized_tl_ms"] = triton.testing.do_bench(
-                    lambda: chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0,
-                                                   output_final_state=True,
-                                                   backend="materialized"),
-                    return_mode="median")
+                row["materialized_tl_ms"] = forward_ms("materialized")
             finally:
                 del os.environ["GDN_STATE_OUTPUT_KERNEL"]
         if "fused_ms" in row and fused_fwd.uses_warp_specialized(q, v, CHUNK, None):
@@ -121,10 +120,7 @@ def bench_forward(shapes, bandwidth, fla_chunk, backward):
             # warp-specialized route (kernels/fused_fwd.py, WARP_SPECIALIZED)
             before, fused_fwd.WARP_SPECIALIZED = fused_fwd.WARP_SPECIALIZED, False
             try:
-                row["fused_tl_ms"] = triton.testing.do_bench(
-                    lambda: chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0,
-                                                   output_final_state=True, backend="fused"),
-                    return_mode="median")
+                row["fused_tl_ms"] = forward_ms("fused")
             finally:
                 fused_fwd.WARP_SPECIALIZED = before
         if gluon is not None:
@@ -559,6 +555,12 @@ def sweep_kkt_solve(bandwidth, B=8, T=4096):
     return rows
 
 
+TABLE_COLUMNS = ("B", "T", "floor ms", "fla ms", "materialized ms", "mat/fla", "mat floor frac",
+                 "mat, tl state+output ms", "fused ms", "fused/fla", "fused floor frac",
+                 "fused, tl kernel ms", "gluon ms", "gluon/fla", "mat fwd+bwd ms",
+                 "fused fwd+bwd ms", "fused fwd+bwd / fla fwd")
+
+
 def write_outputs(out, rows, kkt_row, bandwidth):
     out.mkdir(parents=True, exist_ok=True)
     keys = sorted({k for r in rows for k in r}, key=lambda s: (s not in ("B", "T"), s))
@@ -567,8 +569,7 @@ def write_outputs(out, rows, kkt_row, bandwidth):
         w.writeheader()
         w.writerows(rows)
     lines = [f"copy bandwidth {bandwidth / 1e12:.2f} TB/s; bf16 tensor cores {TENSOR_CORE_FLOPS / 1e12:.0f} TFLOP/s",
-             "", "| B | T | floor ms | fla ms | materialized ms | mat/fla | mat floor frac | mat, tl state+output ms | fused ms | fused/fla | fused floor frac | fused, tl kernel ms | gluon ms | gluon/fla | mat fwd+bwd ms | fused fwd+bwd ms | fused fwd+bwd / fla fwd |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "", "| " + " | ".join(TABLE_COLUMNS) + " |", "|---" * len(TABLE_COLUMNS) + "|"]
     fmt = lambda x: "" if x is None else f"{x:.3f}"  # noqa: E731
     for r in rows:
         fla, mat, fus = r.get("fla_ms"), r.get("materialized_ms"), r.get("fused_ms")

@@ -33,10 +33,12 @@ def _auto_picks_fused(q, v, chunk_size, cu_seqlens) -> bool:
     from gdn_fused.kernels.fused_fwd import uses_warp_specialized
     if not uses_warp_specialized(q, v, chunk_size, cu_seqlens):
         return False
+    import triton
+
     from gdn_fused.kernels.chunk_index import sm_count
     from gdn_fused.kernels.gluon_transposed import num_segments
     B, T, HV = q.shape[0], q.shape[1], v.shape[2]
-    return num_segments(B * HV, -(-T // chunk_size), sm_count(q.device)) == 1
+    return num_segments(B * HV, triton.cdiv(T, chunk_size), sm_count(q.device)) == 1
 
 
 def resolve_backend(backend: str, q: torch.Tensor, v: torch.Tensor, chunk_size: int,

@@ -2,10 +2,10 @@
 
 Nothing from the forward is needed but its inputs (q, k, v, g, beta, initial_state,
 cu_seqlens) and, optionally, its T (the autograd Function passes the materialized forward's,
-and the fused backend's Hopper route's: gdn_fused/autograd.py). The backward first recomputes the forward's other
-intermediates with the materialized forward kernels (G, T, W, U, the per-chunk states h and
-v_new — one cumsum, one KKᵀ+inverse, one W/U and one state pass; everything but the output
-kernel), then runs four kernels:
+and the fused backend's Hopper route's: gdn_fused/autograd.py). The backward first recomputes
+the forward's other intermediates with the materialized forward kernels (G, T, W, U, the
+per-chunk states h and v_new — one cumsum, one KKᵀ+inverse, one W/U and one state pass;
+everything but the output kernel), then runs four kernels:
 
     dV'_local           = chunk_bwd_dv_local   (parallel over chunks)   kernels/chunk_bwd_dv.py
     dh, dV' (dv2), dh0  = chunk_bwd_state      (reverse over chunks)    kernels/chunk_bwd_state.py
@@ -48,8 +48,9 @@ RECOMPUTE_ON_TRANSPOSED_CHAIN = False
 
 def recompute_states(q, k, w, u, G, initial_state, chunk_size, N, cu_seqlens, chunk_offsets,
                      num_chunks, prec):
-    """(h, v_new) of the forward, from chunk_state or, on Hopper where the forward uses the transposed Gluon kernel (and
-    RECOMPUTE_ON_TRANSPOSED_CHAIN), from chunk_state_t — the same bits either way."""
+    """(h, v_new) of the forward, from chunk_state or, on Hopper where the forward uses the
+    transposed Gluon kernel (and RECOMPUTE_ON_TRANSPOSED_CHAIN), from chunk_state_t — the same
+    bits either way."""
     if RECOMPUTE_ON_TRANSPOSED_CHAIN and uses_state_output_kernel(q, u, chunk_size, cu_seqlens):
         from gdn_fused.kernels.gluon_transposed import chunk_state_t
         h, v_new, _ = chunk_state_t(k, w, u, G, initial_state, False)

@@ -483,12 +483,11 @@ def _warp_specialized_fwd(q, k, v, g, beta, scale, initial_state, output_final_s
     """The fused forward on Hopper (WARP_SPECIALIZED): G, then T (bf16, the Gluon
     kkt_solve_from_k, the bits the backward would recompute), then forward_t. Returns
     (o, final state or an empty tensor, T)."""
-    from gdn_fused.kernels.chunk_gate import chunk_cumsum
     from gdn_fused.kernels.gluon_transposed import forward_t
-    from gdn_fused.kernels.kkt_solve import chunk_inverse, default_inverse_dtype
+    from gdn_fused.kernels.kkt_solve import default_inverse_dtype
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
-    G = chunk_cumsum(g, chunk_size)
-    Ai = chunk_inverse(k, G, beta, v.shape[2], chunk_size, default_inverse_dtype(q.dtype))
+    G, Ai = _gates_and_inverse(k, g, beta, v.shape[2], chunk_size,
+                               default_inverse_dtype(q.dtype))
     o, ht = forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state)
     return o, (ht if ht is not None else o.new_empty(0, dtype=torch.float32)), Ai
 
@@ -502,13 +501,21 @@ def precomputed_inverse(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, HV
     cu_seqlens (packed, B = 1) the chunks start at each sequence's first token, as the fused
     kernel's do, and the chunk indices are built on the host (from cu_seqlens_cpu if given,
     else read from cu_seqlens)."""
+    return _gates_and_inverse(k.contiguous(), g.contiguous(), beta.contiguous(), HV,
+                              chunk_size, torch.float32, cu_seqlens, cu_seqlens_cpu)[1]
+
+
+def _gates_and_inverse(k, g, beta, HV, chunk_size, dtype, cu_seqlens=None,
+                       cu_seqlens_cpu=None):
+    """(G, T): the chunk-cumulated log-decay [B, T, HV] fp64 and T = (I + A)⁻¹ [B, T, HV, C] in
+    ``dtype`` by the materialized path's chunk-parallel kernels (blocked method), for contiguous
+    k, g, beta."""
     from gdn_fused.kernels.chunk_gate import chunk_cumsum
     from gdn_fused.kernels.chunk_index import chunk_layout
     from gdn_fused.kernels.kkt_solve import chunk_inverse
     _, _, idx = chunk_layout(cu_seqlens, k.shape[0], chunk_size, cu_seqlens_cpu)
-    G = chunk_cumsum(g.contiguous(), chunk_size, **idx)
-    return chunk_inverse(k.contiguous(), G, beta.contiguous(), HV, chunk_size, torch.float32,
-                         **idx)
+    G = chunk_cumsum(g, chunk_size, **idx)
+    return G, chunk_inverse(k, G, beta, HV, chunk_size, dtype, **idx)
 
 
 @_fused_fwd_op.register_fake

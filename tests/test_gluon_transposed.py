@@ -297,10 +297,10 @@ def _w_u_as_on_chip(k, v, G, beta, Ai):
 ])
 def test_forward_with_w_u_on_chip(B, T, H, HV, gate, segments):
     """forward_t (W and U formed on chip; the fused backend's Hopper route): against the same
-    kernel fed W and U rounded as on chip in torch (tight where gates decay: only summation order differs),
-    against it fed recompute_w_u's W and U (one bf16 rounding at another place: predicted
-    3.6e-3 – 6.2e-3 at T = 8192), and against the fp64 recurrence with the materialized
-    path's bounds."""
+    kernel fed W and U rounded as on chip in torch (tight where gates decay: only summation
+    order differs), against it fed recompute_w_u's W and U (one bf16 rounding at another
+    place: predicted 3.6e-3 – 6.2e-3 at T = 8192), and against the fp64 recurrence with the
+    materialized path's bounds."""
     _hopper()
     q, k, v, g, beta, h0, G, Ai, w, u = forward_intermediates(B, T, H, HV, True, T + HV, gate)
     scale = 128 ** -0.5
