@@ -72,6 +72,27 @@ def load_fla():
         return None, None
 
 
+def graph_ms(fn):
+    """do_bench median of a CUDA-graph replay of fn: the kernels' own time, without the host
+    work that binds short calls (eval.host_time). Warmed up on a side stream first (no compile
+    inside the capture); None, with the reason printed, if fn cannot be captured."""
+    import triton
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return triton.testing.do_bench(graph.replay, return_mode="median")
+    except Exception as e:  # a baseline that cannot be captured keeps its other numbers
+        print(f"  capture failed: {e!r}", flush=True)
+        return None
+
+
 def rel_diff(x, ref):
     """‖x − ref‖ / ‖ref‖ in fp32 (Frobenius; the difference taken in fp32, not in x's dtype):
     how far a kernel's output is from another's."""
@@ -90,14 +111,17 @@ def bench_forward(shapes, bandwidth, fla_chunk, backward):
         q, k, v, g, beta, h0 = make_inputs(B, T)
         row = dict(B=B, T=T, floor_ms=roofline_floor_ms(B, T, bandwidth))
 
+        def call(backend):
+            return lambda: chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0,
+                                                  output_final_state=True, backend=backend)
+
         def forward_ms(backend):
-            return triton.testing.do_bench(lambda: chunk_gated_delta_rule(
-                q, k, v, g, beta, initial_state=h0, output_final_state=True, backend=backend),
-                return_mode="median")
+            return triton.testing.do_bench(call(backend), return_mode="median")
         for name in ("fused", "materialized"):
             if name == "fused" and resolve_backend("fused", q, v, CHUNK) != "fused":
                 continue
             row[f"{name}_ms"] = forward_ms(name)
+            row[f"{name}_graph_ms"] = graph_ms(call(name))
             if backward:
                 leaves = [x.detach().requires_grad_() for x in (q, k, v, g, beta)]
                 do = torch.randn_like(v)
@@ -139,6 +163,7 @@ def bench_forward(shapes, bandwidth, fla_chunk, backward):
             fn = lambda: fla_chunk(q, k, v, g, beta, initial_state=h0,  # noqa: E731
                                    output_final_state=True)
             row["fla_ms"] = triton.testing.do_bench(fn, return_mode="median")
+            row["fla_graph_ms"] = graph_ms(fn)
         print(row, flush=True)
         rows.append(row)
         torch.cuda.empty_cache()
@@ -558,7 +583,8 @@ def sweep_kkt_solve(bandwidth, B=8, T=4096):
 TABLE_COLUMNS = ("B", "T", "floor ms", "fla ms", "materialized ms", "mat/fla", "mat floor frac",
                  "mat, tl state+output ms", "fused ms", "fused/fla", "fused floor frac",
                  "fused, tl kernel ms", "gluon ms", "gluon/fla", "mat fwd+bwd ms",
-                 "fused fwd+bwd ms", "fused fwd+bwd / fla fwd")
+                 "fused fwd+bwd ms", "fused fwd+bwd / fla fwd", "fla graph ms",
+                 "mat graph ms", "fused graph ms", "fused/fla graph")
 
 
 def write_outputs(out, rows, kkt_row, bandwidth):
@@ -573,6 +599,7 @@ def write_outputs(out, rows, kkt_row, bandwidth):
     fmt = lambda x: "" if x is None else f"{x:.3f}"  # noqa: E731
     for r in rows:
         fla, mat, fus = r.get("fla_ms"), r.get("materialized_ms"), r.get("fused_ms")
+        fla_g, fus_g = r.get("fla_graph_ms"), r.get("fused_graph_ms")
         lines.append("| " + " | ".join([str(r["B"]), str(r["T"]), fmt(r["floor_ms"]), fmt(fla),
                      fmt(mat), fmt(mat / fla if fla and mat else None),
                      fmt(r["floor_ms"] / mat if mat else None), fmt(r.get("materialized_tl_ms")),
@@ -584,7 +611,10 @@ def write_outputs(out, rows, kkt_row, bandwidth):
                      fmt(r.get("materialized_fwdbwd_ms")), fmt(r.get("fused_fwdbwd_ms")),
                      # issue 5's measure: fla's backward refuses on Triton 3.6 / Hopper
                      fmt(r["fused_fwdbwd_ms"] / fla if fla and r.get("fused_fwdbwd_ms")
-                         else None)]) + " |")
+                         else None),
+                     # CUDA-graph replays: device time alone, where the host binds a call
+                     fmt(fla_g), fmt(r.get("materialized_graph_ms")), fmt(fus_g),
+                     fmt(fus_g / fla_g if fla_g and fus_g else None)]) + " |")
     if kkt_row:
         lines += ["", "kkt_solve: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                                 for k, v in kkt_row.items())]

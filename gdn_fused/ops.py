@@ -96,7 +96,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
             tensors raise TypeError).
         backend: "auto" | "torch" | "materialized" | "fused". auto: on CUDA fused where it
             is measured faster (Hopper, bf16, K = V = 128, chunk 64, dense batches of
-            8,192+ tokens not cut into segments: ``_auto_picks_fused``), else materialized;
+            2,048+ tokens not cut into segments: ``_auto_picks_fused``), else materialized;
             torch on CPU.
         solve_method: the kkt_solve inverse (seed 001, Table 2): "blocked" (default, stable);
             the Triton backends also take "mxr" and "newton_schulz", the torch backend every

@@ -47,20 +47,51 @@ def decay(b_D, valid):
 
 
 @triton.jit
-def chunk_cumsum_kernel(g, G, cu_seqlens, chunk_indices, T, HV: tl.constexpr, BT: tl.constexpr,
-                        IS_VARLEN: tl.constexpr):
+def chunk_cumsum_kernel(g, G, beta, rows, cu_seqlens, chunk_indices, T, HV: tl.constexpr,
+                        BT: tl.constexpr, IS_VARLEN: tl.constexpr, ROWS: tl.constexpr):
     i_t, i_hv, _, bos, seqlen = chunk_head_program(T, cu_seqlens, chunk_indices, HV, HV, BT,
                                                    IS_VARLEN)
+    b_G = chunk_log_decay(g, bos, i_t, seqlen, i_hv, HV, BT)
     p_G = tl.make_block_ptr(G + bos * HV + i_hv, (seqlen,), (HV,), (i_t * BT,), (BT,), (0,))
-    tl.store(p_G, chunk_log_decay(g, bos, i_t, seqlen, i_hv, HV, BT), boundary_check=(0,))
+    tl.store(p_G, b_G, boundary_check=(0,))
+    if ROWS > 0:
+        # dense batches only (bos = i_b · T): the gate rows of the Gluon state kernels
+        # (gluon_transposed._gate_rows' layout), zero past the sequence end
+        NTC = tl.cdiv(T, BT) * BT
+        o_i = tl.arange(0, BT)
+        valid = i_t * BT + o_i < seqlen
+        p_row = rows + ((bos // T) * HV + i_hv) * ROWS * NTC + i_t * BT + o_i
+        tl.store(p_row, tl.where(valid, b_G, 0.))
+        if ROWS == 2:
+            b_beta = tl.load(beta + (bos + i_t * BT + o_i) * HV + i_hv, mask=valid, other=0.)
+            tl.store(p_row + NTC, b_beta.to(tl.float64))
 
 
-def chunk_cumsum(g, chunk_size, cu_seqlens=None, chunk_indices=None, num_chunks=None):
-    """g [B, T, HV] (any float dtype) -> G [B, T, HV] fp64, cumulated within each chunk."""
+def chunk_cumsum(g, chunk_size, cu_seqlens=None, chunk_indices=None, num_chunks=None,
+                 gate_rows=None):
+    """g [B, T, HV] (any float dtype) -> G [B, T, HV] fp64, cumulated within each chunk.
+
+    gate_rows: None, or a list of the gate tensors after G itself — [] or [beta] ([B, T, HV],
+    any float dtype) — whose rows the Gluon state kernels read by TMA
+    (kernels/gluon_transposed.py, _gate_rows: [B·HV·R, ⌈T/C⌉·C] fp64, R = 1 + len(gate_rows),
+    zero past T) to write in the same launch; dense batches only (ValueError with
+    cu_seqlens). Returns G, or (G, rows) with gate_rows. The rows cost the host a launch's
+    worth of torch ops less than _gate_rows (session 11, eval.host_time)."""
     B, T, HV = g.shape
     G = torch.empty(B, T, HV, dtype=torch.float64, device=g.device)
     NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, chunk_size)
-    chunk_cumsum_kernel[chunk_head_grid(NT, B, HV)](g, G, cu_seqlens, chunk_indices, T, HV=HV,
-                                                    BT=chunk_size,
-                                                    IS_VARLEN=cu_seqlens is not None)
-    return G
+    R, rows, beta = 0, None, None
+    if gate_rows is not None:
+        if cu_seqlens is not None:
+            raise ValueError("chunk_cumsum: gate_rows are laid out for dense batches; got "
+                             "cu_seqlens")
+        if len(gate_rows) > 1:
+            raise ValueError(f"chunk_cumsum: gate_rows takes [] or [beta], got "
+                             f"{len(gate_rows)} tensors")
+        R = 1 + len(gate_rows)
+        beta = gate_rows[0] if gate_rows else None
+        rows = G.new_empty(B * HV * R, NT * chunk_size)
+    chunk_cumsum_kernel[chunk_head_grid(NT, B, HV)](g, G, beta, rows, cu_seqlens, chunk_indices,
+                                                    T, HV=HV, BT=chunk_size,
+                                                    IS_VARLEN=cu_seqlens is not None, ROWS=R)
+    return G if gate_rows is None else (G, rows)

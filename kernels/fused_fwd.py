@@ -1,5 +1,5 @@
 """Fused chunkwise Gated DeltaNet forward: one launch over the chunks, every intermediate on
-chip — this module's plain-Triton kernel, and on Hopper for dense bf16 batches of 8,192+
+chip — this module's plain-Triton kernel, and on Hopper for dense bf16 batches of 2,048+
 tokens at K = V = 128 the warp-specialized Gluon kernel it routes to (WARP_SPECIALIZED below).
 
 Each program owns one (sequence, value head, block of BV value columns) and walks that
@@ -63,7 +63,7 @@ NUM_WARPS = 8
 # 5.78 → 2.89 ms, B=1, T=32768 11.56 → 4.17 ms (eval.bench, docs/speed_log.md).
 PRECOMPUTE_INVERSE = True
 # On Hopper, for the inputs the Gluon state + output kernel takes (materialized.
-# uses_state_output_kernel: sm_90, bf16, K = V = 128, chunk 64, dense batches of 8,192+
+# uses_state_output_kernel: sm_90, bf16, K = V = 128, chunk 64, dense batches of 2,048+
 # tokens), the fused forward runs the same structure as this kernel (every chunk's T first,
 # chunk-parallel, then one launch over the chunks doing W, U, the state recurrence and the
 # output on chip) warp-specialized in Gluon: kernels/gluon_transposed.forward_t, whose fourth
@@ -414,14 +414,13 @@ def _kernel_layout(q, k, v, g, beta):
     return q, k, v, g, beta
 
 
-@torch.library.custom_op("gdn_fused::fused_fwd", mutates_args=())
-def _fused_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                  beta: torch.Tensor, scale: float, initial_state: Optional[torch.Tensor],
-                  output_final_state: bool, cu_seqlens: Optional[torch.Tensor],
-                  chunk_size: int, num_segments: int, precompute_inverse: bool,
-                  block_v: int, num_warps: int, num_stages: int,
-                  cu_seqlens_cpu: Optional[torch.Tensor] = None, allow_route: bool = False
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _fused_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                    beta: torch.Tensor, scale: float, initial_state: Optional[torch.Tensor],
+                    output_final_state: bool, cu_seqlens: Optional[torch.Tensor],
+                    chunk_size: int, num_segments: int, precompute_inverse: bool,
+                    block_v: int, num_warps: int, num_stages: int,
+                    cu_seqlens_cpu: Optional[torch.Tensor] = None, allow_route: bool = False
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if _takes_route(q, v, chunk_size, cu_seqlens, allow_route, num_segments, block_v,
                     num_warps, num_stages):
         return _warp_specialized_fwd(q, k, v, g, beta, scale, initial_state, output_final_state,
@@ -486,9 +485,10 @@ def _warp_specialized_fwd(q, k, v, g, beta, scale, initial_state, output_final_s
     from gdn_fused.kernels.gluon_transposed import forward_t
     from gdn_fused.kernels.kkt_solve import default_inverse_dtype
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
-    G, Ai = _gates_and_inverse(k, g, beta, v.shape[2], chunk_size,
-                               default_inverse_dtype(q.dtype))
-    o, ht = forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state)
+    G, Ai, rows = _gates_and_inverse(k, g, beta, v.shape[2], chunk_size,
+                                     default_inverse_dtype(q.dtype), gate_rows=[beta])
+    o, ht = forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state,
+                      gate_rows=rows)
     return o, (ht if ht is not None else o.new_empty(0, dtype=torch.float32)), Ai
 
 
@@ -506,16 +506,35 @@ def precomputed_inverse(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, HV
 
 
 def _gates_and_inverse(k, g, beta, HV, chunk_size, dtype, cu_seqlens=None,
-                       cu_seqlens_cpu=None):
+                       cu_seqlens_cpu=None, gate_rows=None):
     """(G, T): the chunk-cumulated log-decay [B, T, HV] fp64 and T = (I + A)⁻¹ [B, T, HV, C] in
     ``dtype`` by the materialized path's chunk-parallel kernels (blocked method), for contiguous
-    k, g, beta."""
+    k, g, beta; with ``gate_rows`` (chunk_cumsum's argument) (G, T, the gate rows)."""
     from gdn_fused.kernels.chunk_gate import chunk_cumsum
     from gdn_fused.kernels.chunk_index import chunk_layout
     from gdn_fused.kernels.kkt_solve import chunk_inverse
     _, _, idx = chunk_layout(cu_seqlens, k.shape[0], chunk_size, cu_seqlens_cpu)
-    G = chunk_cumsum(g, chunk_size, **idx)
-    return G, chunk_inverse(k, G, beta, HV, chunk_size, dtype, **idx)
+    out = chunk_cumsum(g, chunk_size, gate_rows=gate_rows, **idx)
+    G, rows = out if gate_rows is not None else (out, None)
+    Ai = chunk_inverse(k, G, beta, HV, chunk_size, dtype, **idx)
+    return (G, Ai) if gate_rows is None else (G, Ai, rows)
+
+
+# registered as a custom op for torch.compile and other tracers; fused_fwd calls the plain
+# function in eager mode (see _eager)
+_fused_fwd_op = torch.library.custom_op("gdn_fused::fused_fwd", _fused_fwd_impl,
+                                        mutates_args=())
+
+
+def _eager(q: torch.Tensor) -> bool:
+    """Whether fused_fwd may call the op's implementation directly: eager mode on a plain
+    tensor on a real device. The custom op's own dispatch (boxing its 17 arguments, the
+    autograd and aliasing wrappers) cost 0.16–0.19 ms of host time a call on the H200's host
+    (eval.host_time --breakdown at (1, 2048), session 11), as much as the kernels of a short
+    prompt take on the GPU; tracers (torch.compile, export, fake and functional tensors) still
+    meet the op and its fake implementation."""
+    return (not torch.compiler.is_compiling() and type(q) is torch.Tensor
+            and q.device.type != "meta")
 
 
 @_fused_fwd_op.register_fake
@@ -596,12 +615,11 @@ def fused_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     # module's kernel
     overrides = (num_segments, precompute_inverse, block_v, num_warps, num_stages)
     allow_route = all(x is None for x in overrides)
-    o, ht, Ai = _fused_fwd_op(q, k, v, g, beta, float(scale), initial_state,
-                              bool(output_final_state), cu_seqlens, int(chunk_size),
-                              int(num_segments or 0),
-                              PRECOMPUTE_INVERSE if precompute_inverse is None
-                              else bool(precompute_inverse), int(block_v or 0),
-                              int(num_warps or 0), int(num_stages or 0), cu_seqlens_cpu,
-                              allow_route)
+    op = _fused_fwd_impl if _eager(q) else _fused_fwd_op
+    o, ht, Ai = op(q, k, v, g, beta, float(scale), initial_state, bool(output_final_state),
+                   cu_seqlens, int(chunk_size), int(num_segments or 0),
+                   PRECOMPUTE_INVERSE if precompute_inverse is None else bool(precompute_inverse),
+                   int(block_v or 0), int(num_warps or 0), int(num_stages or 0), cu_seqlens_cpu,
+                   allow_route)
     ht = ht if output_final_state else None
     return (o, ht, Ai if Ai.numel() else None) if return_inverse else (o, ht)

@@ -44,6 +44,8 @@ stays issue-bound on its one warp: 352 mma.sync and the substitution chain a til
 (a version with 26 KB of shared memory a tile, 8 tiles an SM, took 264.5 µs; aliasing A's
 blocks into the keys' 16 KB, 13 an SM, 247.7).
 """
+import functools
+
 import torch
 import triton
 from triton.experimental import gluon
@@ -363,6 +365,7 @@ def kkt_solve_gluon(A, output_dtype=torch.float32, cu_seqlens=None, chunk_indice
     return Ai
 
 
+@functools.cache  # layout objects are Python work a launch; one set a width
 def _key_layouts(K):
     """(KA, KEYS, KEYS_SMEM) of kkt_solve_from_k_gluon_kernel for K key columns of 16 bits:
     the staged width max(K, 128), loads

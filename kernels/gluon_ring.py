@@ -5,6 +5,8 @@ stages, a ready/empty mbarrier pair per stage, while the consumer warpgroup work
 previous chunk; the ring's buffers and barriers; the program's place in the grid; the
 consumer's accumulator layout and its state tile.
 """
+import functools
+
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
@@ -127,5 +129,12 @@ def initial_state(h0, i_n, i_hv, i_v, HV: gl.constexpr, K: gl.constexpr, V: gl.c
 
 def descriptor_layout(block):
     """The shared layout of a bf16 TMA tile: the widest swizzle (128 B for 64+ columns), which
-    is also what warpgroup MMA reads without bank conflicts."""
-    return gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16)
+    is also what warpgroup MMA reads without bank conflicts. Built once a block shape
+    (:func:`_descriptor_layout`): a launch makes up to six of these a call, and building one
+    is Python work the host pays at every short forward."""
+    return _descriptor_layout(tuple(block))
+
+
+@functools.cache
+def _descriptor_layout(block):
+    return gl.NVMMASharedLayout.get_default_for(list(block), gl.bfloat16)

@@ -677,7 +677,7 @@ def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_fina
 
 def chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state,
                          output=True, num_stages=NUM_STAGES, segments=None,
-                         output_groups=OUTPUT_GROUPS, variant=None):
+                         output_groups=OUTPUT_GROUPS, variant=None, gate_rows=None):
     """chunk_state + chunk_output of the materialized forward without h or v_new in HBM.
 
     q, k [B, T, H, 128] bf16; w, u [B, T, HV, 128] bf16 (recompute_w_u); G [B, T, HV]
@@ -689,8 +689,9 @@ def chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state
     :func:`num_segments`: 2 for sequences of 512+ chunks when B·HV is small enough to leave half
     the SMs idle; at most one segment a chunk); output_groups: 1 or 2 output warpgroups
     (alternate chunks; 2 needs num_stages even; ignored with output=False); variant: a dict
-    of the main launch's constexprs among VARIANT_KEYS (launch variants for eval.bench).
-    Returns
+    of the main launch's constexprs among VARIANT_KEYS (launch variants for eval.bench);
+    gate_rows: G's rows as chunk_cumsum(..., gate_rows=[]) writes them, or None to lay them out
+    here (:func:`_gate_rows`). Returns
     (o [B, T, HV, 128] bf16 or None, final state [B, HV, 128, 128] fp32 or None). Raises
     ValueError for tensors not on an NVIDIA sm_90 GPU, T = 0, head dims other than 128,
     non-bf16 q/k/w/u, shapes that do not match, HV not a multiple of H, output_groups other
@@ -707,19 +708,24 @@ def chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state
     if variant is not None and not set(variant) <= VARIANT_KEYS:
         raise ValueError(f"chunk_state_output_t: variant keys must be among "
                          f"{sorted(VARIANT_KEYS)}, got {sorted(variant)}")
-    return _launch(q, k, w, u, _gate_rows([G], B, T, HV), scale, initial_state,
+    if gate_rows is None:
+        gate_rows = _gate_rows([G], B, T, HV)
+    return _launch(q, k, w, u, gate_rows, scale, initial_state,
                    output_final_state, output, num_stages, segments, False,
                    output_groups=groups, variant=variant)
 
 
-def forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state, segments=None):
+def forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state, segments=None,
+              gate_rows=None):
     """The forward after the inverse in one kernel, W and U formed on chip by a fourth
     warpgroup (``WU``) instead of read from recompute_w_u: the fused backend's forward on
     Hopper (kernels/fused_fwd.py; timings and precision in the module docstring).
 
     q, k [B, T, H, 128] bf16; v [B, T, HV, 128] bf16; G [B, T, HV] (natural-log decay
     cumulated within each chunk of 64); beta [B, T, HV]; Ai [B, T, HV, 64] bf16, T = (I + A)⁻¹
-    of each chunk as kkt_solve_from_k returns it; the rest as :func:`chunk_state_output_t`.
+    of each chunk as kkt_solve_from_k returns it; gate_rows: the (G, β) rows as
+    chunk_cumsum(..., gate_rows=[beta]) writes them, or None to lay them out here; the rest as
+    :func:`chunk_state_output_t`.
     Returns (o [B, T, HV, 128] bf16, final state fp32 or None); raises ValueError as
     chunk_state_output_t does (naming v and Ai)."""
     check_state_inputs("forward_t", q, k, v, G, initial_state, segments,
@@ -727,7 +733,9 @@ def forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state, se
     if beta.shape != G.shape:
         raise ValueError(f"forward_t: beta {tuple(beta.shape)} is not {tuple(G.shape)}")
     B, T, HV = G.shape
-    return _launch(q, k, Ai, v, _gate_rows([G, beta], B, T, HV), scale, initial_state,
+    if gate_rows is None:
+        gate_rows = _gate_rows([G, beta], B, T, HV)
+    return _launch(q, k, Ai, v, gate_rows, scale, initial_state,
                    output_final_state, True, NUM_STAGES, segments, True)
 
 

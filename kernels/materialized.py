@@ -4,7 +4,7 @@
       → W, U = recompute_w_u(T)
       → h, V' = chunk_state(W, U) → o = chunk_output(q, k, V', h)
 
-On Hopper, for dense bf16 batches of 8,192+ tokens with K = V = 128 and chunk 64, the last
+On Hopper, for dense bf16 batches of 2,048+ tokens with K = V = 128 and chunk 64, the last
 two run as one Gluon kernel (kernels/gluon_transposed.py) that keeps h and V' on chip: the
 same products with the same roundings (unsplit, o and the final state are bit-identical to
 theirs in its GPU tests), a third less time at B = 1, T = 32768 (H200, session 7: 796 µs
@@ -31,10 +31,16 @@ def contiguous(*xs):
     return [x if x is None or x.is_contiguous() else x.contiguous() for x in xs]
 
 
-# Below this many tokens (B·T) the Gluon route measured slower: H200, (1, 2048): 0.70 / 0.67 ms
-# with it against 0.28 / 0.30 without, in two runs; (1, 8192): 0.42 against 0.46 (eval.bench,
-# 2026-11-30). Launch-bound shapes; where the extra time goes (host or device) is not profiled
-MIN_TOKENS_STATE_OUTPUT_KERNEL = 8192
+# The shortest input measured (B·T tokens) on which the Gluon routes (this one and the fused
+# backend's, which shares the rule) are the faster on the GPU: H200, (1, 2048), CUDA-graph
+# replays (eval.host_time, session 11): the fused route 0.105–0.112 ms and this one
+# 0.105–0.110, against 0.134 for the Triton state kernels and 0.271 for the plain fused
+# kernel. Sessions 6–10 kept the routes to 8,192+ tokens because eval.bench timed them slower
+# at (1, 2048) (0.70 against 0.28 ms): that was host time — the launch of a Gluon kernel and
+# the torch ops around it — which session 11 cut (gate rows written by chunk_cumsum, cached
+# layouts, no custom-op dispatch in eager mode); the routes' host time per call is now that
+# of the Triton kernels within the host's noise (~0.3 ms either way on a quiet host).
+MIN_TOKENS_STATE_OUTPUT_KERNEL = 2048
 
 
 def uses_state_output_kernel(q, v, chunk_size, cu_seqlens):
@@ -78,14 +84,18 @@ def materialized_fwd(q, k, v, g, beta, scale, initial_state, output_final_state,
     HV = v.shape[2]
     prec = dot_precision(q.dtype)
     N, chunk_offsets, idx = chunk_layout(cu_seqlens, q.shape[0], chunk_size, cu_seqlens_cpu)
-    G = chunk_cumsum(g, chunk_size, **idx)
+    # the Gluon state + output kernel reads G again as TMA rows, written by the same launch
+    state_output = uses_state_output_kernel(q, v, chunk_size, cu_seqlens)
+    out = chunk_cumsum(g, chunk_size, gate_rows=[] if state_output else None, **idx)
+    G, rows = out if state_output else (out, None)
     Ai = chunk_inverse(k, G, beta, HV, chunk_size,
                        inverse_dtype or default_inverse_dtype(q.dtype),
                        solve_method=solve_method, solve_iters=solve_iters, **idx)
     w, u = recompute_w_u(k, v, G, beta, Ai, dot_precision=prec, **idx)
-    if uses_state_output_kernel(q, v, chunk_size, cu_seqlens):
+    if state_output:
         from gdn_fused.kernels.gluon_transposed import chunk_state_output_t
-        o, ht = chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state)
+        o, ht = chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state,
+                                     gate_rows=rows)
         return (o, ht, Ai) if return_inverse else (o, ht)
     h, v_new, ht = chunk_state(k, w, u, G, initial_state, output_final_state, chunk_size, N,
                                cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets,

@@ -96,6 +96,26 @@ def test_composed_segment_states_are_the_sequential_ones():
         assert rel_err(h[s], h_ref) <= 1e-6
 
 
+@pytest.mark.parametrize("T", [64, 100, 1])
+def test_gate_rows_written_by_chunk_cumsum_are_the_laid_out_ones(T):
+    """chunk_cumsum(..., gate_rows=...) writes in its launch what _gate_rows lays out from G
+    (and β) with torch: the same fp64 rows, zero past T (partial last chunk, B = 2, HV = 3)."""
+    from gdn_fused.kernels.chunk_gate import chunk_cumsum
+    B, HV = 2, 3
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, HV, device=device))
+    beta = torch.rand(B, T, HV, device=device, dtype=torch.float16)
+    for extra in ([], [beta]):
+        G, rows = chunk_cumsum(g, 64, gate_rows=extra)
+        assert torch.equal(G, chunk_cumsum(g, 64))
+        assert torch.equal(rows, gluon_transposed._gate_rows([G, *extra], B, T, HV))
+        assert rows[:, T:].abs().sum() == 0 and rows[:, :T].abs().sum() > 0
+    with pytest.raises(ValueError, match="gate_rows"):
+        chunk_cumsum(g[:1], 64, cu_seqlens=torch.tensor([0, T], device=device), gate_rows=[])
+    with pytest.raises(ValueError, match="gate_rows"):
+        chunk_cumsum(g, 64, gate_rows=[beta, beta])
+
+
 def test_num_segments():
     # a Qwen3-Next layer at B = 1 (32 value heads): 2 segments; at B = 2 or short: 1
     assert gluon_transposed.num_segments(32, 512, 132) == 2

@@ -161,7 +161,8 @@ def test_state_output_kernel_is_chosen_only_where_it_applies(monkeypatch):
     assert use(x(B=4, T=2048), x(B=4, T=2048), 64, None)
     assert use(x(T=8200), x(T=8200), 64, None)  # one sequence: nothing past its partial chunk
     assert not use(x(B=4, T=2050), x(B=4, T=2050), 64, None)  # a chunk would straddle two
-    assert not use(x(T=4096), x(T=4096), 64, None)  # launch-bound: the Triton kernels
+    assert use(x(T=2048), x(T=2048), 64, None)
+    assert not use(x(T=1024), x(T=1024), 64, None)  # shorter than measured: the Triton kernels
     assert not use(x(), x(), 64, torch.tensor([0, 8192]))  # packed: not supported
     assert not use(x(), x(), 32, None)
     assert not use(x(dim=64), x(dim=64), 64, None)

@@ -1,0 +1,194 @@
+"""Host time against device time of one forward call, per backend (GPU machine).
+
+    python -m eval.host_time [--shapes 1:2048,1:8192] [--profile fused]
+
+At short sequences a forward is bound by the host: do_bench's events then time the Python and
+launch work of the call, not its kernels. For each shape and backend (fused, materialized, both
+again on their Hopper routes where the shape is below the routes' token threshold, and fla 0.6.0
+if importable) this prints
+
+- ``api_ms``: do_bench median of the call as users make it;
+- ``graph_ms``: do_bench median of a CUDA-graph replay of the same call (no host work: the
+  kernels' own time);
+- ``host_ms``: wall time per call of 50 calls issued without synchronising (the host's cost
+  of a call; when it exceeds graph_ms, the call is host-bound);
+
+and, with --profile, the functions taking the most host time in those calls (cProfile, sorted
+by own time), to say where the host time goes.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import time
+
+import torch
+
+from eval.bench import DIM, _shapes, graph_ms, load_fla, make_inputs
+
+CALLS = 50
+
+
+def _host_ms(fn, calls=CALLS, repeats=5):
+    """Wall ms per call of ``calls`` calls issued back to back without synchronising, the best
+    of ``repeats`` runs (the host is shared and noisy: ±0.3 ms between runs of one call)."""
+    best = float("inf")
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, time.perf_counter() - t0)
+        torch.cuda.synchronize()
+    return best * 1e3 / calls
+
+
+def _profile(fn, calls=CALLS, top=25):
+    """The ``top`` functions by own host time over ``calls`` calls, as cProfile prints them."""
+    fn()
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()
+
+
+def calls_for(B, T):
+    """{name: forward call} for the backends measured at (B, T)."""
+    from gdn_fused import chunk_gated_delta_rule
+    from gdn_fused.kernels import materialized
+    q, k, v, g, beta, h0 = make_inputs(B, T)
+    calls = {name: (lambda name=name: chunk_gated_delta_rule(
+        q, k, v, g, beta, scale=DIM ** -0.5, initial_state=h0, output_final_state=True,
+        backend=name)) for name in ("fused", "materialized")}
+    if B * T < materialized.MIN_TOKENS_STATE_OUTPUT_KERNEL:
+        # the Hopper routes below their token threshold: their device time where the host binds
+        def routed(name):
+            before, materialized.MIN_TOKENS_STATE_OUTPUT_KERNEL = \
+                materialized.MIN_TOKENS_STATE_OUTPUT_KERNEL, 0
+            try:
+                return calls[name]()
+            finally:
+                materialized.MIN_TOKENS_STATE_OUTPUT_KERNEL = before
+        calls["fused route"] = lambda: routed("fused")
+        calls["materialized route"] = lambda: routed("materialized")
+    fla_chunk, _ = load_fla()
+    if fla_chunk is not None:
+        calls["fla"] = lambda: fla_chunk(q, k, v, g, beta, scale=DIM ** -0.5, initial_state=h0,
+                                         output_final_state=True)
+    return calls
+
+
+def breakdown(B, T, profile=False):
+    """Host ms per call of each piece of the fused backend's Hopper route at (B, T) (forced on
+    below its token threshold), from the API call down to one empty launch."""
+    import triton
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from gdn_fused import chunk_gated_delta_rule
+    from gdn_fused.kernels import fused_fwd, gluon_transposed, materialized
+    from gdn_fused.kernels.chunk_gate import chunk_cumsum
+    from gdn_fused.kernels.gluon_ring import descriptor_layout
+    from gdn_fused.kernels.kkt_solve import chunk_inverse
+    from gdn_fused.validation import check_inputs
+
+    @triton.jit
+    def noop(x):
+        pass
+
+    materialized.MIN_TOKENS_STATE_OUTPUT_KERNEL = 0
+    q, k, v, g, beta, h0 = make_inputs(B, T)
+    scale = DIM ** -0.5
+    G = chunk_cumsum(g, 64)
+    Ai = chunk_inverse(k, G, beta, v.shape[2], 64, torch.bfloat16)
+    x = v.view(B * T, -1)
+    HV = v.shape[2]
+    G, rows = chunk_cumsum(g, 64, gate_rows=[beta])
+    op_args = (q, k, v, g, beta, scale, h0, True, None, 64, 0, True, 0, 0, 0, None, True)
+    fla_chunk, _ = load_fla()
+    pieces = {
+        "chunk_gated_delta_rule fused": lambda: chunk_gated_delta_rule(
+            q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=True,
+            backend="fused"),
+        "chunk_gated_delta_rule materialized": lambda: chunk_gated_delta_rule(
+            q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=True,
+            backend="materialized"),
+        "fla": (lambda: fla_chunk(q, k, v, g, beta, scale=scale, initial_state=h0,
+                                  output_final_state=True)) if fla_chunk else None,
+        "check_inputs": lambda: check_inputs(q, k, v, g, beta, h0, None, "fused", False),
+        "fused_fwd (eager)": lambda: fused_fwd.fused_fwd(q, k, v, g, beta, scale, h0, True, None),
+        "the custom op": lambda: fused_fwd._fused_fwd_op(*op_args),
+        "its implementation": lambda: fused_fwd._fused_fwd_impl(*op_args),
+        "_warp_specialized_fwd": lambda: fused_fwd._warp_specialized_fwd(
+            q, k, v, g, beta, scale, h0, True, 64),
+        "chunk_cumsum": lambda: chunk_cumsum(g, 64),
+        "chunk_cumsum with gate rows": lambda: chunk_cumsum(g, 64, gate_rows=[beta]),
+        "_gate_rows": lambda: gluon_transposed._gate_rows([G, beta], B, T, HV),
+        "chunk_inverse": lambda: chunk_inverse(k, G, beta, HV, 64, torch.bfloat16),
+        "forward_t given the rows": lambda: gluon_transposed.forward_t(
+            q, k, v, G, beta, Ai, scale, h0, True, gate_rows=rows),
+        "forward_t": lambda: gluon_transposed.forward_t(q, k, v, G, beta, Ai, scale, h0, True),
+        "descriptor x6": lambda: [TensorDescriptor.from_tensor(x, [64, 128],
+                                                               descriptor_layout([64, 128]))
+                                  for _ in range(6)],
+        "empty triton launch": lambda: noop[(1,)](x),
+        "torch.empty": lambda: torch.empty(16, device="cuda"),
+    }
+    with torch.no_grad():
+        for name, fn in pieces.items():
+            if fn is None:
+                continue
+            fn()
+            print(dict(B=B, T=T, piece=name, host_ms=round(_host_ms(fn), 4)), flush=True)
+        if profile:
+            for name in ("forward_t", "chunk_inverse"):
+                text = io.StringIO()
+                prof = cProfile.Profile()
+                prof.runcall(lambda: [pieces[name]() for _ in range(CALLS)])
+                pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(40)
+                print(name, text.getvalue(), flush=True)
+
+
+def main(argv=None):
+    import triton
+    p = argparse.ArgumentParser(prog="python -m eval.host_time", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", default="1:2048,1:8192", type=_shapes,
+                   help="B:T,B:T,... (default 1:2048,1:8192)")
+    p.add_argument("--profile", default="", metavar="NAMES",
+                   help="comma-separated backends (fused, materialized, fla) to profile with "
+                        "cProfile at each shape")
+    p.add_argument("--breakdown", action="store_true",
+                   help="instead: host time of each piece of the fused Hopper route at --shapes")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        p.error("needs a CUDA device")
+    profiled = {x for x in args.profile.split(",") if x}
+    if args.breakdown:
+        for B, T in args.shapes:
+            breakdown(B, T, "fused" in profiled)
+        return
+    for B, T in args.shapes:
+        for name, fn in calls_for(B, T).items():
+            with torch.no_grad():
+                fn()
+                api = triton.testing.do_bench(fn, return_mode="median")
+                row = dict(B=B, T=T, backend=name, api_ms=round(api, 4),
+                           host_ms=round(_host_ms(fn), 4))
+                graph = graph_ms(fn)
+                row["graph_ms"] = None if graph is None else round(graph, 4)
+                print(row, flush=True)
+                if name in profiled:
+                    print(_profile(fn), flush=True)
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
