@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from eval.bench import DIM, _shapes, graph_ms, load_fla, make_inputs
+from .bench import DIM, _shapes, graph_ms, load_fla, make_inputs
 
 CALLS = 50
 
@@ -86,6 +86,12 @@ def calls_for(B, T):
     return calls
 
 
+def _with_grad_mode(fn):
+    """fn() with autograd's grad mode on (eval.bench times calls so; the inputs need no grad)."""
+    with torch.enable_grad():
+        return fn()
+
+
 def breakdown(B, T, profile=False):
     """Host ms per call of each piece of the fused backend's Hopper route at (B, T) (forced on
     below its token threshold), from the API call down to one empty launch."""
@@ -120,6 +126,9 @@ def breakdown(B, T, profile=False):
         "chunk_gated_delta_rule materialized": lambda: chunk_gated_delta_rule(
             q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=True,
             backend="materialized"),
+        "chunk_gated_delta_rule fused, grad mode on": lambda: _with_grad_mode(
+            lambda: chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=h0,
+                                           output_final_state=True, backend="fused")),
         "fla": (lambda: fla_chunk(q, k, v, g, beta, scale=scale, initial_state=h0,
                                   output_final_state=True)) if fla_chunk else None,
         "check_inputs": lambda: check_inputs(q, k, v, g, beta, h0, None, "fused", False),

@@ -54,3 +54,18 @@ def test_outputs_table_csv_and_plot(tmp_path):
     assert cells[0][11].strip() == "4.000"  # the plain fused kernel's column
     assert (tmp_path / "bench.csv").read_text().count("\n") == 3
     assert (tmp_path / "bench.png").stat().st_size > 0
+
+
+def test_host_time_command_line_refuses_bad_shapes_and_no_gpu(capsys, monkeypatch):
+    """eval.host_time parses its shapes as eval.bench does and, without CUDA, exits with the
+    reason before timing anything."""
+    import torch
+
+    from gdn_fused.eval import host_time
+    with pytest.raises(SystemExit) as e:
+        host_time.main(["--shapes", "0:64"])
+    assert e.value.code == 2 and "--shapes" in capsys.readouterr().err
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as e:
+        host_time.main(["--breakdown"])
+    assert e.value.code == 2 and "CUDA" in capsys.readouterr().err
