@@ -23,6 +23,7 @@ import cProfile
 import io
 import pstats
 import time
+from unittest import mock
 
 import torch
 
@@ -71,12 +72,8 @@ def calls_for(B, T):
     if B * T < materialized.MIN_TOKENS_STATE_OUTPUT_KERNEL:
         # the Hopper routes below their token threshold: their device time where the host binds
         def routed(name):
-            before, materialized.MIN_TOKENS_STATE_OUTPUT_KERNEL = \
-                materialized.MIN_TOKENS_STATE_OUTPUT_KERNEL, 0
-            try:
+            with mock.patch.object(materialized, "MIN_TOKENS_STATE_OUTPUT_KERNEL", 0):
                 return calls[name]()
-            finally:
-                materialized.MIN_TOKENS_STATE_OUTPUT_KERNEL = before
         calls["fused route"] = lambda: routed("fused")
         calls["materialized route"] = lambda: routed("materialized")
     fla_chunk, _ = load_fla()
@@ -94,12 +91,18 @@ def _with_grad_mode(fn):
 
 def breakdown(B, T, profile=False):
     """Host ms per call of each piece of the fused backend's Hopper route at (B, T) (forced on
-    below its token threshold), from the API call down to one empty launch."""
+    below its token threshold, restored after), from the API call down to one empty launch."""
+    from gdn_fused.kernels import materialized
+    with mock.patch.object(materialized, "MIN_TOKENS_STATE_OUTPUT_KERNEL", 0):
+        _time_pieces(B, T, profile)
+
+
+def _time_pieces(B, T, profile):
     import triton
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from gdn_fused import chunk_gated_delta_rule
-    from gdn_fused.kernels import fused_fwd, gluon_transposed, materialized
+    from gdn_fused.kernels import fused_fwd, gluon_transposed
     from gdn_fused.kernels.chunk_gate import chunk_cumsum
     from gdn_fused.kernels.gluon_ring import descriptor_layout
     from gdn_fused.kernels.kkt_solve import chunk_inverse
@@ -109,7 +112,6 @@ def breakdown(B, T, profile=False):
     def noop(x):
         pass
 
-    materialized.MIN_TOKENS_STATE_OUTPUT_KERNEL = 0
     q, k, v, g, beta, h0 = make_inputs(B, T)
     scale = DIM ** -0.5
     G = chunk_cumsum(g, 64)

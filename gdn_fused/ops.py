@@ -25,7 +25,12 @@ def _fused_supported(q, v, chunk_size):
 # sequences are not cut into segments. H200, H=16, HV=32, K=V=128, bf16 (eval.bench, session 10,
 # docs/results/bench_route_2026-11-30_s10.md; the final run's agree to 2 %):
 # forward 0.90 vs 1.02 ms at (8, 4096), 1.79 vs 2.04 at (32, 2048), 0.50 vs 0.54 at (1, 8192);
-# fwd+bwd 5.84 vs 5.95, 11.65 vs 11.87, 1.76 vs 1.98. Split (512+ chunks at small B·HV), the
+# fwd+bwd 5.84 vs 5.95, 11.65 vs 11.87, 1.76 vs 1.98. Session 11 (bench_final_…_s11.md) moved the
+# route down to 2,048 tokens: there the two forwards tie on the device (CUDA-graph replays
+# 0.105 vs 0.104 ms at (1, 2048), 0.366 vs 0.359 at (1, 8192); their host time is within the
+# host's noise) and fused fwd+bwd is the faster (1.90 vs 2.23 ms at (1, 2048), 1.76 vs 2.27 at
+# (1, 8192)). Batches of many short sequences in that range (e.g. (32, 64)) are not measured.
+# Split (512+ chunks at small B·HV), the
 # materialized forward's two output warpgroups win: 1.28 vs 1.34 ms at (1, 32768). Elsewhere
 # the plain-Triton fused kernel is slower than materialized at every shape the GPU binds
 # (4.00 vs 1.29 ms at (1, 32768): register spills of its one-program-per-head chunk loop).

@@ -74,8 +74,8 @@ def chunk_cumsum(g, chunk_size, cu_seqlens=None, chunk_indices=None, num_chunks=
     gate_rows: None, or a list of the gate tensors after G itself — [] or [beta] ([B, T, HV],
     any float dtype) — whose rows the Gluon state kernels read by TMA
     (kernels/gluon_transposed.py, _gate_rows: [B·HV·R, ⌈T/C⌉·C] fp64, R = 1 + len(gate_rows),
-    zero past T) to write in the same launch; dense batches only (ValueError with
-    cu_seqlens). Returns G, or (G, rows) with gate_rows. The rows cost the host a launch's
+    zero past T; the Gluon kernels read them at chunk_size 64) to write in the same launch;
+    dense batches only (ValueError with cu_seqlens, or a beta not shaped as g). Returns G, or (G, rows) with gate_rows. The rows cost the host a launch's
     worth of torch ops less than _gate_rows (session 11, eval.host_time)."""
     B, T, HV = g.shape
     G = torch.empty(B, T, HV, dtype=torch.float64, device=g.device)
@@ -89,7 +89,11 @@ def chunk_cumsum(g, chunk_size, cu_seqlens=None, chunk_indices=None, num_chunks=
             raise ValueError(f"chunk_cumsum: gate_rows takes [] or [beta], got "
                              f"{len(gate_rows)} tensors")
         R = 1 + len(gate_rows)
-        beta = gate_rows[0] if gate_rows else None
+        # the kernel indexes beta as g's dense [B, T, HV] (HF passes strided slices)
+        beta = gate_rows[0].contiguous() if gate_rows else None
+        if beta is not None and beta.shape != g.shape:
+            raise ValueError(f"chunk_cumsum: beta {tuple(beta.shape)} is not g's "
+                             f"{tuple(g.shape)}")
         rows = G.new_empty(B * HV * R, NT * chunk_size)
     chunk_cumsum_kernel[chunk_head_grid(NT, B, HV)](g, G, beta, rows, cu_seqlens, chunk_indices,
                                                     T, HV=HV, BT=chunk_size,

@@ -624,6 +624,16 @@ def _check_groups(name, arg, groups, num_stages):
                          f"num_stages={num_stages}, got {groups!r}")
 
 
+def _check_gate_rows(name, gate_rows, B, T, HV, R):
+    """ValueError unless caller-supplied gate rows have the layout of :func:`_gate_rows` for R
+    rows: [B·HV·R, ⌈T/C⌉·C] fp64 (a wrong row count would make the TMA read the wrong rows)."""
+    shape = (B * HV * R, triton.cdiv(T, CHUNK) * CHUNK)
+    if gate_rows.dtype != torch.float64 or tuple(gate_rows.shape) != shape:
+        raise ValueError(f"{name}: gate_rows must be {shape} fp64 ({R} row(s) a head, as "
+                         f"chunk_cumsum writes them), got {tuple(gate_rows.shape)} "
+                         f"{gate_rows.dtype}")
+
+
 def _gate_rows(rows, B, T, HV):
     """[B·HV·R, NT·C] fp64 from R gate tensors [B, T, HV] (sequence-major, then head, then
     the R rows): a chunk's gates are one TMA box, zero past T, and the row stride is whole
@@ -710,6 +720,7 @@ def chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state
                          f"{sorted(VARIANT_KEYS)}, got {sorted(variant)}")
     if gate_rows is None:
         gate_rows = _gate_rows([G], B, T, HV)
+    _check_gate_rows("chunk_state_output_t", gate_rows, B, T, HV, 1)
     return _launch(q, k, w, u, gate_rows, scale, initial_state,
                    output_final_state, output, num_stages, segments, False,
                    output_groups=groups, variant=variant)
@@ -735,6 +746,7 @@ def forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state, se
     B, T, HV = G.shape
     if gate_rows is None:
         gate_rows = _gate_rows([G, beta], B, T, HV)
+    _check_gate_rows("forward_t", gate_rows, B, T, HV, 2)
     return _launch(q, k, Ai, v, gate_rows, scale, initial_state,
                    output_final_state, True, NUM_STAGES, segments, True)
 

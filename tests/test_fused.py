@@ -197,6 +197,68 @@ def test_custom_op_fake_and_compile(monkeypatch):
     assert torch.equal(o_c, o_e) and torch.equal(ht_c, ht_e)
 
 
+def test_eager_calls_skip_the_op_and_tracers_meet_it(monkeypatch):
+    """fused_fwd calls the op's implementation directly only in plain eager execution
+    (kernels/fused_fwd._eager); make_fx, torch.jit.trace, vmap and functionalize still meet
+    the registered op (each worked through it before the eager path existed, and each fails
+    if it reaches the implementation with its wrapped tensors), and an input requiring grad
+    gets the op's output, whose backward raises that there is no formula, rather than a
+    silently detached one."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from gdn_fused import chunk_gated_delta_rule
+    from gdn_fused.kernels import fused_fwd as module
+    q, k, v, g, b, h = make_inputs(1, 20, 1, 1, 64, 64, torch.float32, initial_state=True)
+
+    def f(q, k, v, g, b, h):
+        return chunk_gated_delta_rule(q, k, v, g, b, initial_state=h, output_final_state=True,
+                                      backend="fused")
+    o_ref, ht_ref = f(q, k, v, g, b, h)
+    graph = make_fx(f, tracing_mode="real")(q, k, v, g, b, h)
+    assert "gdn_fused.fused_fwd" in str(graph.graph)
+    assert torch.equal(graph(q, k, v, g, b, h)[0], o_ref)
+    traced = torch.jit.trace(lambda *a: f(*a)[0], (q, k, v, g, b, h), check_trace=False)
+    assert "gdn_fused::fused_fwd" in str(traced.graph)
+    o2 = torch.func.vmap(lambda q: f(q, k, v, g, b, h)[0])(torch.stack([q, q]))
+    assert torch.equal(o2[1], o_ref)
+    assert torch.equal(torch.func.functionalize(f)(q, k, v, g, b, h)[1], ht_ref)
+    o, _ = fused_fwd(q.requires_grad_(), k, v, g, b, 0.125, h, True, None, 64)
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        o.sum().backward()
+    q.requires_grad_(False)
+    # plain eager: the implementation, not the op
+    monkeypatch.setattr(module, "_fused_fwd_op", lambda *a: pytest.fail("eager call met the op"))
+    o, ht = fused_fwd(q, k, v, g, b, 64 ** -0.5, h, True, None, 64)
+    assert torch.equal(o, o_ref) and torch.equal(ht, ht_ref)
+
+
+def test_routes_hand_their_kernels_the_laid_out_gate_rows(monkeypatch):
+    """The rows chunk_cumsum writes for the Gluon kernels reach them in the layout each reads:
+    (G, β) pairs for forward_t (the fused route), G alone for chunk_state_output_t (the
+    materialized route), as _gate_rows lays them out (the Gluon kernels stubbed: CPU)."""
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    from gdn_fused.kernels import gluon_transposed, materialized
+    from gdn_fused.kernels import fused_fwd as module
+    q, k, v, g, b, h = make_inputs(2, 70, 1, 2, 128, 128, initial_state=True)
+    seen = {}
+
+    def stub(name, rows_of):
+        def kernel(*args, gate_rows=None, **kw):
+            G = args[3] if name == "forward_t" else args[4]
+            B, T, HV = G.shape
+            seen[name] = torch.equal(gate_rows, gluon_transposed._gate_rows(rows_of(args), B, T,
+                                                                             HV))
+            return torch.zeros_like(args[2]), None
+        return kernel
+    monkeypatch.setattr(gluon_transposed, "forward_t", stub("forward_t", lambda a: [a[3], a[4]]))
+    monkeypatch.setattr(gluon_transposed, "chunk_state_output_t",
+                        stub("chunk_state_output_t", lambda a: [a[4]]))
+    monkeypatch.setattr(materialized, "uses_state_output_kernel", lambda *args: True)
+    module._warp_specialized_fwd(q, k, v, g, b, 0.125, h, False, 64)
+    materialized.materialized_fwd(q, k, v, g, b, 0.125, h, False, None, 64)
+    assert seen == {"forward_t": True, "chunk_state_output_t": True}
+
+
 def test_warp_specialized_route_composition(monkeypatch):
     """The Hopper route's plumbing on the CPU, its Gluon kernels stubbed by the materialized
     forward: taken only without launch overrides; through the custom op and the autograd
@@ -252,6 +314,24 @@ def test_auto_picks_the_route_where_it_was_measured_faster(monkeypatch):
     assert picks == {(True, 1, 32768): False, (True, 8, 4096): True, (True, 1, 8192): True,
                      (True, 32, 2048): True, (False, 1, 32768): False, (False, 8, 4096): False,
                      (False, 1, 8192): False, (False, 32, 2048): False}
+    # the route's own token threshold (materialized.MIN_TOKENS_STATE_OUTPUT_KERNEL, 2,048
+    # since session 11), the rule otherwise as on an H200
+    from types import SimpleNamespace
+
+    from gdn_fused.kernels import materialized
+    monkeypatch.undo()  # the real uses_warp_specialized from here on
+    monkeypatch.setattr(chunk_index, "sm_count", lambda device: 132)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("GDN_STATE_OUTPUT_KERNEL", raising=False)
+    monkeypatch.setattr(module, "WARP_SPECIALIZED", True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+
+    def x(T, heads):
+        return SimpleNamespace(is_cuda=True, device="cuda", dtype=torch.bfloat16,
+                               shape=(1, T, heads, 128))
+    assert materialized.MIN_TOKENS_STATE_OUTPUT_KERNEL == 2048
+    assert _auto_picks_fused(x(2048, 16), x(2048, 32), 64, None)
+    assert not _auto_picks_fused(x(1024, 16), x(1024, 32), 64, None)
 
 
 def test_route_decisions_see_cu_seqlens_and_the_switch(monkeypatch):

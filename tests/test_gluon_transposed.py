@@ -64,6 +64,13 @@ def test_unsupported_inputs_are_refused(monkeypatch):
     with pytest.raises(ValueError, match="T = 0"):
         f(q[:, :0], q[:, :0], q[:, :0], q[:, :0], G[:, :0], 1., None, False)
     assert_refuses_bad_shapes(f)
+    # caller-supplied gate rows in another layout (one row a head for forward_t's two, or
+    # the wrong dtype): refused before any launch, not read as the wrong rows by TMA
+    one_row = torch.zeros(2, 64, dtype=torch.float64)
+    with pytest.raises(ValueError, match="gate_rows"):
+        gluon_transposed.forward_t(q, q, q, G, G, q[..., :64], 1., None, False, gate_rows=one_row)
+    with pytest.raises(ValueError, match="gate_rows"):
+        f(q, q, q, q, G, 1., None, False, gate_rows=one_row.float())
 
 
 def _hopper():
@@ -97,7 +104,7 @@ def test_composed_segment_states_are_the_sequential_ones():
 
 
 @pytest.mark.parametrize("T", [64, 100, 1])
-def test_gate_rows_written_by_chunk_cumsum_are_the_laid_out_ones(T):
+def test_gate_rows_written_by_chunk_cumsum_are_the_laid_out_ones(T, monkeypatch):
     """chunk_cumsum(..., gate_rows=...) writes in its launch what _gate_rows lays out from G
     (and β) with torch: the same fp64 rows, zero past T (partial last chunk, B = 2, HV = 3)."""
     from gdn_fused.kernels.chunk_gate import chunk_cumsum
@@ -105,15 +112,28 @@ def test_gate_rows_written_by_chunk_cumsum_are_the_laid_out_ones(T):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.nn.functional.logsigmoid(torch.randn(B, T, HV, device=device))
     beta = torch.rand(B, T, HV, device=device, dtype=torch.float16)
-    for extra in ([], [beta]):
-        G, rows = chunk_cumsum(g, 64, gate_rows=extra)
-        assert torch.equal(G, chunk_cumsum(g, 64))
-        assert torch.equal(rows, gluon_transposed._gate_rows([G, *extra], B, T, HV))
-        assert rows[:, T:].abs().sum() == 0 and rows[:, :T].abs().sum() > 0
+    # new buffers filled with NaN, so rows the kernel did not write cannot pass as zeros
+    monkeypatch.setattr(torch.utils.deterministic, "fill_uninitialized_memory", True)
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        for extra in ([], [beta]):
+            G, rows = chunk_cumsum(g, 64, gate_rows=extra)
+            assert torch.equal(G, chunk_cumsum(g, 64))
+            assert torch.equal(rows, gluon_transposed._gate_rows([G, *extra], B, T, HV))
+            assert rows[:, T:].abs().sum() == 0 and rows[:, :T].abs().sum() > 0
+    finally:
+        torch.use_deterministic_algorithms(was)
     with pytest.raises(ValueError, match="gate_rows"):
         chunk_cumsum(g[:1], 64, cu_seqlens=torch.tensor([0, T], device=device), gate_rows=[])
     with pytest.raises(ValueError, match="gate_rows"):
         chunk_cumsum(g, 64, gate_rows=[beta, beta])
+    with pytest.raises(ValueError, match="beta"):
+        chunk_cumsum(g, 64, gate_rows=[beta[:, :, :2]])
+    # a strided beta (a slice of a fused projection, as Hugging Face passes): the same rows
+    wide = torch.rand(B, T, HV, 2, device=device)
+    G, rows = chunk_cumsum(g, 64, gate_rows=[wide[..., 1]])
+    assert torch.equal(rows, gluon_transposed._gate_rows([G, wide[..., 1]], B, T, HV))
 
 
 def test_num_segments():
