@@ -58,6 +58,12 @@ BLOCK = gl.constexpr(16)  # diagonal block: the substitution's 15 rows, mma_v2's
 NB = gl.constexpr(4)  # diagonal blocks of a chunk of 64
 CHUNK = 64
 NUM_WARPS = 1
+# kkt_solve_from_k_gluon_kernel's HEADS = 2 (two value heads of one key head a program, K Kᵀ
+# formed once): H200, bf16 T, H = 16, HV = 32 (session 11, docs/speed_log.md): 249 → 225 µs
+# at (1, 32768) and (8, 4096), 482 → 445 at (32, 2048); the second head's T differs at fp32
+# rounding level (≤ 1.9e-9). Off until the whole GPU suite has run with it (the routes' o and
+# the backward's saved-T paths change at that level); tests/test_kkt_solve.py checks it
+SHARED_KEYS = False
 
 # the substitution's [block, column, row] tile: rows (dim 2) wholly in registers, 8 lanes × 2
 # columns span a block's 16 columns, 4 lanes the 4 blocks
@@ -287,10 +293,19 @@ def _gated_block(acc, G_tile, beta_tile, row0, seqlen, HV: gl.constexpr, ib: gl.
 
 
 @gluon.jit
+def _coupling_slot(c_smem, ib: gl.constexpr, jb: gl.constexpr):
+    """Coupling block (ib, jb) of A in the (4 + 2)-block staging of kkt_solve_gluon_kernel,
+    whose order is _load_blocks': (1, 0), (2, 0), (2, 1), (3, 0), (3, 1), (3, 2)."""
+    c: gl.constexpr = ib * (ib - 1) // 2 + jb
+    return c_smem[c // 4].slice((c % 4) * BLOCK, BLOCK)
+
+
+@gluon.jit
 def kkt_solve_from_k_gluon_kernel(k, G, beta, Ai, cu_seqlens, chunk_indices, T, NBH,
                                   H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
                                   KA: gl.constexpr, KEYS: gl.constexpr,
-                                  KEYS_SMEM: gl.constexpr, IS_VARLEN: gl.constexpr):
+                                  KEYS_SMEM: gl.constexpr, IS_VARLEN: gl.constexpr,
+                                  HEADS: gl.constexpr = 1):
     """kkt_solve_gluon_kernel with A formed on chip: the chunk's keys [64, K] (16-bit) go into
     shared memory once, each of the ten lower 16 × 16 blocks of K Kᵀ is one mma_v2 product
     (bf16/fp16 in, fp32 accumulate, as chunk_kkt's tl.dot), gated and scaled as chunk_kkt
@@ -301,9 +316,17 @@ def kkt_solve_from_k_gluon_kernel(k, G, beta, Ai, cu_seqlens, chunk_indices, T, 
     instead of 16 + 10 KB: shared memory bounds the tiles an SM holds (H200, (1, 32768):
     264.5 µs with separate buffers, 8 tiles an SM; 247.7 µs aliased). KA = max(K, 128) key columns are staged (those past K as zeros), so that a block row
     always has room. KEYS: the coalesced layout of the key load; KEYS_SMEM: their shared
-    layout (:func:`_key_layouts`)."""
+    layout (:func:`_key_layouts`). HEADS = 2 (experimental, :data:`SHARED_KEYS`): a program
+    solves two adjacent value heads of one key head (HV / H even; NBH counts head pairs), each
+    K Kᵀ block formed once and gated for both; the second head's A goes to its own 10 KB (as
+    kkt_solve_gluon_kernel stages it), so 26 KB for two heads instead of 32, and 160 of a
+    tile's 352 mma_v2 are shared. The same products per head, but the second head's T
+    differs from one head a program's at fp32 rounding level (H200: ≤ 1.9e-9 absolute, equally
+    close to the fp64 inverse; cause not found — its A is staged and read apart)."""
     BT: gl.constexpr = NB * BLOCK
-    i_t, i_hv, bos, seqlen = _program(T, NBH, cu_seqlens, chunk_indices, HV, IS_VARLEN)
+    i_t, i_hv, bos, seqlen = _program(T, NBH, cu_seqlens, chunk_indices, HV // HEADS,
+                                      IS_VARLEN)
+    i_hv = i_hv * HEADS
     i_h = i_hv // (HV // H)
     S: gl.constexpr = HV * BT
     row0 = i_t * BT
@@ -321,20 +344,32 @@ def kkt_solve_from_k_gluon_kernel(k, G, beta, Ai, cu_seqlens, chunk_indices, T, 
     # (16 rows) its diagonal block, slot jb + 1 the block (ib, jb)
     R: gl.constexpr = KA // 2
     stage = k_smem._reinterpret(gl.float32, [NB * R, BLOCK], FLAT)
+    if HEADS == 2:
+        # the second head's A blocks, staged as kkt_solve_gluon_kernel stages them: the four
+        # diagonal ones stacked, the six coupling ones in _load_blocks' order (4 + 2)
+        l1_smem = gl.allocate_shared_memory(gl.float32, [NB * BLOCK, BLOCK], FLAT)
+        c1_smem = (gl.allocate_shared_memory(gl.float32, [4 * BLOCK, BLOCK], FLAT),
+                   gl.allocate_shared_memory(gl.float32, [2 * BLOCK, BLOCK], FLAT))
     gl.thread_barrier()
     zero = gl.zeros([BLOCK, BLOCK], gl.float32, MMA)
     for ib in gl.static_range(NB - 1, -1, -1):
         keys_ib = k_smem.slice(ib * BLOCK, BLOCK)
         rows = keys_ib.load(A16_OP)
-        a = _gated_block(mma_v2(rows, keys_ib.permute((1, 0)).load(B16_OP), zero), G_tile,
-                         beta_tile, row0, seqlen, HV, ib, ib)
+        kk = mma_v2(rows, keys_ib.permute((1, 0)).load(B16_OP), zero)
+        a = _gated_block(kk, G_tile, beta_tile, row0, seqlen, HV, ib, ib)
+        if HEADS == 2:
+            l1_smem.slice(ib * BLOCK, BLOCK).store(
+                _gated_block(kk, G_tile + 1, beta_tile + 1, row0, seqlen, HV, ib, ib))
         gl.thread_barrier()  # key rows 16ib … read by every thread: free for A's blocks now
         stage.slice(ib * R, BLOCK).store(a)
         for jb in gl.static_range(ib):  # key rows above 16ib: not overwritten yet
             cols = k_smem.slice(jb * BLOCK, BLOCK).permute((1, 0)).load(B16_OP)
-            a = _gated_block(mma_v2(rows, cols, zero), G_tile, beta_tile, row0, seqlen, HV,
-                             ib, jb)
+            kk = mma_v2(rows, cols, zero)
+            a = _gated_block(kk, G_tile, beta_tile, row0, seqlen, HV, ib, jb)
             stage.slice(ib * R + (jb + 1) * BLOCK, BLOCK).store(a)
+            if HEADS == 2:
+                _coupling_slot(c1_smem, ib, jb).store(
+                    _gated_block(kk, G_tile + 1, beta_tile + 1, row0, seqlen, HV, ib, jb))
     gl.thread_barrier()
     cpl = (stage.slice(R + BLOCK, BLOCK), stage.slice(2 * R + BLOCK, BLOCK),
            stage.slice(2 * R + 2 * BLOCK, BLOCK), stage.slice(3 * R + BLOCK, BLOCK),
@@ -343,6 +378,13 @@ def kkt_solve_from_k_gluon_kernel(k, G, beta, Ai, cu_seqlens, chunk_indices, T, 
             stage.slice(3 * R, BLOCK))
     l3 = k_smem._reinterpret(gl.float32, [NB, R, BLOCK], STACK).slice(0, BLOCK, dim=1)
     _solve_staged(l3, diag, cpl, t_tile, S, row0, seqlen)
+    if HEADS == 2:
+        cpl = (c1_smem[0].slice(0, BLOCK), c1_smem[0].slice(BLOCK, BLOCK),
+               c1_smem[0].slice(2 * BLOCK, BLOCK), c1_smem[0].slice(3 * BLOCK, BLOCK),
+               c1_smem[1].slice(0, BLOCK), c1_smem[1].slice(BLOCK, BLOCK))
+        diag = (l1_smem.slice(0, BLOCK), l1_smem.slice(BLOCK, BLOCK),
+                l1_smem.slice(2 * BLOCK, BLOCK), l1_smem.slice(3 * BLOCK, BLOCK))
+        _solve_staged(_stack(l1_smem, 0, NB), diag, cpl, t_tile + BT, S, row0, seqlen)
 
 
 def kkt_solve_gluon(A, output_dtype=torch.float32, cu_seqlens=None, chunk_indices=None,
@@ -383,7 +425,8 @@ def _key_layouts(K):
 
 
 def kkt_solve_from_k_gluon(k, G, beta, num_value_heads, output_dtype=torch.float32,
-                           cu_seqlens=None, chunk_indices=None, num_chunks=None, maxnreg=None):
+                           cu_seqlens=None, chunk_indices=None, num_chunks=None, maxnreg=None,
+                           shared_keys=None):
     """T = (I + strictLower(diag(β)(Γ ⊙ K Kᵀ)))⁻¹ per chunk of 64 on a CUDA GPU (sm_80 or
     later), A formed on chip and never written: k [B, T, H, K] fp16/bf16 with K a power of two
     in [16, 256], G [B, T, HV] chunk-cumulated (fp64 from chunk_cumsum), beta [B, T, HV]; returns
@@ -391,7 +434,8 @@ def kkt_solve_from_k_gluon(k, G, beta, num_value_heads, output_dtype=torch.float
     up to fp32 rounding order (tests/test_kkt_solve.py). Inputs as checked by
     kkt_solve.kkt_solve_from_k (call that); raises ValueError here for other key dtypes or
     widths. Packed sequences as kkt_solve_gluon; maxnreg: ptxas' register cap (launch
-    sweeps)."""
+    sweeps); shared_keys: solve two value heads of a key head a program where HV / H is even
+    (None: :data:`SHARED_KEYS`; the same bits either way)."""
     B, T, H, K = k.shape
     if k.dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"kkt_solve_from_k_gluon: k must be fp16 or bf16, got {k.dtype}")
@@ -402,8 +446,10 @@ def kkt_solve_from_k_gluon(k, G, beta, num_value_heads, output_dtype=torch.float
     Ai = torch.empty(B, T, HV, CHUNK, dtype=output_dtype, device=k.device)
     NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, CHUNK)
     KA, keys, keys_smem = _key_layouts(K)
-    kkt_solve_from_k_gluon_kernel[(NT * B * HV,)](
-        k, G, beta, Ai, cu_seqlens, chunk_indices, T, B * HV, H=H, HV=HV, K=K, KA=KA, KEYS=keys,
-        KEYS_SMEM=keys_smem, IS_VARLEN=cu_seqlens is not None, num_warps=NUM_WARPS,
-        **({} if maxnreg is None else {"maxnreg": maxnreg}))
+    heads = 2 if (shared_keys if shared_keys is not None else SHARED_KEYS) \
+        and (HV // H) % 2 == 0 else 1
+    kkt_solve_from_k_gluon_kernel[(NT * B * HV // heads,)](
+        k, G, beta, Ai, cu_seqlens, chunk_indices, T, B * HV // heads, H=H, HV=HV, K=K, KA=KA,
+        KEYS=keys, KEYS_SMEM=keys_smem, IS_VARLEN=cu_seqlens is not None, HEADS=heads,
+        num_warps=NUM_WARPS, **({} if maxnreg is None else {"maxnreg": maxnreg}))
     return Ai
