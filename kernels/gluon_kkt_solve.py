@@ -61,8 +61,9 @@ NUM_WARPS = 1
 # kkt_solve_from_k_gluon_kernel's HEADS = 2 (two value heads of one key head a program, K Kᵀ
 # formed once): H200, bf16 T, H = 16, HV = 32 (session 11, docs/speed_log.md): 249 → 225 µs
 # at (1, 32768) and (8, 4096), 482 → 445 at (32, 2048); the second head's T differs at fp32
-# rounding level (≤ 1.9e-9). Off until the whole GPU suite has run with it (the routes' o and
-# the backward's saved-T paths change at that level); tests/test_kkt_solve.py checks it
+# rounding level (≤ 1.9e-9: an fma contraction the compiler chose differently, see the
+# kernel's docstring). Off until the whole GPU suite has run with it (the routes' o and the
+# backward's saved-T paths change at that level); tests/test_kkt_solve.py checks it
 SHARED_KEYS = False
 
 # the substitution's [block, column, row] tile: rows (dim 2) wholly in registers, 8 lanes × 2
@@ -322,7 +323,14 @@ def kkt_solve_from_k_gluon_kernel(k, G, beta, Ai, cu_seqlens, chunk_indices, T, 
     kkt_solve_gluon_kernel stages it), so 26 KB for two heads instead of 32, and 160 of a
     tile's 352 mma_v2 are shared. The same products per head, but the second head's T
     differs from one head a program's at fp32 rounding level (H200: ≤ 1.9e-9 absolute, equally
-    close to the fp64 inverse; cause not found — its A is staged and read apart)."""
+    close to the fp64 inverse). Cause (PTX of both, session 11): in the substitution's
+    ``_sum(L_i * T3)`` the first add has two products, one of them exact (row 0 of T3 is e₀);
+    LLVM's SLP vectorizer ordered the second head's copy the other way, so ptxas fused the
+    other product into the fma: round(L_i0 + round(L_i1 T_10)) against round(L_i1 T_10 +
+    L_i0), column 0 of the diagonal inverses only. Benign (no race: the buffers are disjoint
+    and read after the barrier). Writing row 0's term as a select (every add then has one
+    product) makes all copies alike on sm_90a PTX, but moves HEADS = 1's own bits too; not yet
+    run on a GPU (docs/speed_log.md, "Predicted")."""
     BT: gl.constexpr = NB * BLOCK
     i_t, i_hv, bos, seqlen = _program(T, NBH, cu_seqlens, chunk_indices, HV // HEADS,
                                       IS_VARLEN)

@@ -239,9 +239,10 @@ def test_gluon_from_k_with_shared_keys(gva):
     one head a program: fp32 out within 1e-7, bf16 out within one rounding, for logsigmoid
     and zero gates, dense with a partial last chunk (B = 2) and packed with an empty sequence.
     (H200, session 11, at (1, 1024), H = 16, HV = 32: the first head of each pair had the
-    same bits, the second, whose A is staged apart, differed by ≤ 1.9e-9 with the same error
-    against the fp64 inverse; this test was written after that measurement and has not yet
-    run on a GPU.)"""
+    same bits, the second differed by ≤ 1.9e-9 with the same error against the fp64 inverse:
+    an fma contraction the compiler chose differently in its copy of the substitution, see
+    kkt_solve_from_k_gluon_kernel; this test was written after that measurement and has not
+    yet run on a GPU.)"""
     from gdn_fused.kernels.chunk_index import chunk_layout
     from gdn_fused.kernels.gluon_kkt_solve import kkt_solve_from_k_gluon
     H = 4
