@@ -30,10 +30,10 @@ def _fused_supported(q, v, chunk_size):
 # 0.105 vs 0.104 ms at (1, 2048), 0.366 vs 0.359 at (1, 8192); their host time is within the
 # host's noise) and fused fwd+bwd is the faster (1.90 vs 2.23 ms at (1, 2048), 1.76 vs 2.27 at
 # (1, 8192)). Batches of many short sequences in that range (e.g. (32, 64)) are not measured.
-# Split (512+ chunks at small B·HV), the
-# materialized forward's two output warpgroups win: 1.28 vs 1.34 ms at (1, 32768). Elsewhere
-# the plain-Triton fused kernel is slower than materialized at every shape the GPU binds
-# (4.00 vs 1.29 ms at (1, 32768): register spills of its one-program-per-head chunk loop).
+# Split (512+ chunks at small B·HV), the materialized forward's two output warpgroups win:
+# 1.28 vs 1.34 ms at (1, 32768). Elsewhere the plain-Triton fused kernel is slower than
+# materialized at every shape the GPU binds (4.00 vs 1.29 ms at (1, 32768): register spills of
+# its one-program-per-head chunk loop).
 def _auto_picks_fused(q, v, chunk_size, cu_seqlens) -> bool:
     from gdn_fused.kernels.fused_fwd import uses_warp_specialized
     if not uses_warp_specialized(q, v, chunk_size, cu_seqlens):

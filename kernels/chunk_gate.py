@@ -75,8 +75,9 @@ def chunk_cumsum(g, chunk_size, cu_seqlens=None, chunk_indices=None, num_chunks=
     any float dtype) — whose rows the Gluon state kernels read by TMA
     (kernels/gluon_transposed.py, _gate_rows: [B·HV·R, ⌈T/C⌉·C] fp64, R = 1 + len(gate_rows),
     zero past T; the Gluon kernels read them at chunk_size 64) to write in the same launch;
-    dense batches only (ValueError with cu_seqlens, or a beta not shaped as g). Returns G, or (G, rows) with gate_rows. The rows cost the host a launch's
-    worth of torch ops less than _gate_rows (session 11, eval.host_time)."""
+    dense batches only (ValueError with cu_seqlens, or a beta not shaped as g). Returns G, or
+    (G, rows) with gate_rows. The rows cost the host a launch's worth of torch ops less than
+    _gate_rows (session 11, eval.host_time)."""
     B, T, HV = g.shape
     G = torch.empty(B, T, HV, dtype=torch.float64, device=g.device)
     NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, chunk_size)

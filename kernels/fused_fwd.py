@@ -485,9 +485,10 @@ def _warp_specialized_fwd(q, k, v, g, beta, scale, initial_state, output_final_s
     (o, final state or an empty tensor, T)."""
     from gdn_fused.kernels.gluon_transposed import forward_t
     from gdn_fused.kernels.kkt_solve import default_inverse_dtype
+    from gdn_fused.kernels.materialized import gates_and_inverse
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
-    G, Ai, rows = _gates_and_inverse(k, g, beta, v.shape[2], chunk_size,
-                                     default_inverse_dtype(q.dtype), gate_rows=[beta])
+    G, Ai, rows = gates_and_inverse(k, g, beta, v.shape[2], chunk_size,
+                                    default_inverse_dtype(q.dtype), {}, gate_rows=[beta])  # dense
     o, ht = forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state,
                       gate_rows=rows)
     return o, (ht if ht is not None else o.new_empty(0, dtype=torch.float32)), Ai
@@ -502,23 +503,11 @@ def precomputed_inverse(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, HV
     cu_seqlens (packed, B = 1) the chunks start at each sequence's first token, as the fused
     kernel's do, and the chunk indices are built on the host (from cu_seqlens_cpu if given,
     else read from cu_seqlens)."""
-    return _gates_and_inverse(k.contiguous(), g.contiguous(), beta.contiguous(), HV,
-                              chunk_size, torch.float32, cu_seqlens, cu_seqlens_cpu)[1]
-
-
-def _gates_and_inverse(k, g, beta, HV, chunk_size, dtype, cu_seqlens=None,
-                       cu_seqlens_cpu=None, gate_rows=None):
-    """(G, T): the chunk-cumulated log-decay [B, T, HV] fp64 and T = (I + A)⁻¹ [B, T, HV, C] in
-    ``dtype`` by the materialized path's chunk-parallel kernels (blocked method), for contiguous
-    k, g, beta; with ``gate_rows`` (chunk_cumsum's argument) (G, T, the gate rows)."""
-    from gdn_fused.kernels.chunk_gate import chunk_cumsum
     from gdn_fused.kernels.chunk_index import chunk_layout
-    from gdn_fused.kernels.kkt_solve import chunk_inverse
+    from gdn_fused.kernels.materialized import gates_and_inverse
     _, _, idx = chunk_layout(cu_seqlens, k.shape[0], chunk_size, cu_seqlens_cpu)
-    out = chunk_cumsum(g, chunk_size, gate_rows=gate_rows, **idx)
-    G, rows = out if gate_rows is not None else (out, None)
-    Ai = chunk_inverse(k, G, beta, HV, chunk_size, dtype, **idx)
-    return (G, Ai) if gate_rows is None else (G, Ai, rows)
+    return gates_and_inverse(k.contiguous(), g.contiguous(), beta.contiguous(), HV, chunk_size,
+                             torch.float32, idx)[1]
 
 
 # registered as a custom op for torch.compile and other tracers; fused_fwd calls the plain
@@ -533,13 +522,13 @@ def _eager(q: torch.Tensor) -> bool:
     its 17 arguments, the autograd and aliasing wrappers) cost 0.025–0.045 ms of host time a
     call on the H200's host (eval.host_time --breakdown at (1, 2048), session 11: 0.283
     against 0.238 ms, 0.316 against 0.286; with these checks 0.262 against 0.288), a tenth of
-    a short prompt's call. Everything else
-    meets the registered op and its fake implementation, as before: torch.compile and export,
-    make_fx and torch.jit.trace (a dispatch mode or the tracer state is active), torch.func's
-    wrapped tensors (vmap, grad) and functional tensors, whose ``type`` is torch.Tensor too,
-    and inputs requiring grad (a backward through the op's output then raises that it has no
-    autograd formula, where the implementation's output would be silently detached; the public
-    API differentiates through its own autograd.Function)."""
+    a short prompt's call. Everything else meets the registered op and its fake
+    implementation, as before: torch.compile and export, make_fx and torch.jit.trace (a
+    dispatch mode or the tracer state is active), torch.func's wrapped tensors (vmap, grad)
+    and functional tensors, whose ``type`` is torch.Tensor too, and inputs requiring grad (a
+    backward through the op's output then raises that it has no autograd formula, where the
+    implementation's output would be silently detached; the public API differentiates
+    through its own autograd.Function)."""
     return (type(q) is torch.Tensor and q.device.type != "meta"
             and not (q.requires_grad and torch.is_grad_enabled())
             and not torch.compiler.is_compiling() and not torch.jit.is_tracing()

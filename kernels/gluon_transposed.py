@@ -624,14 +624,18 @@ def _check_groups(name, arg, groups, num_stages):
                          f"num_stages={num_stages}, got {groups!r}")
 
 
-def _check_gate_rows(name, gate_rows, B, T, HV, R):
-    """ValueError unless caller-supplied gate rows have the layout of :func:`_gate_rows` for R
-    rows: [B·HV·R, ⌈T/C⌉·C] fp64 (a wrong row count would make the TMA read the wrong rows)."""
-    shape = (B * HV * R, triton.cdiv(T, CHUNK) * CHUNK)
+def _rows_given_or_laid_out(name, gate_rows, gates, B, T, HV):
+    """The gate rows a launch reads: the caller's (chunk_cumsum's, checked: a wrong row count
+    or dtype would make the TMA read the wrong rows, so ValueError) or, for None, laid out
+    here from ``gates`` by :func:`_gate_rows`."""
+    if gate_rows is None:
+        return _gate_rows(gates, B, T, HV)
+    shape = (B * HV * len(gates), triton.cdiv(T, CHUNK) * CHUNK)
     if gate_rows.dtype != torch.float64 or tuple(gate_rows.shape) != shape:
-        raise ValueError(f"{name}: gate_rows must be {shape} fp64 ({R} row(s) a head, as "
-                         f"chunk_cumsum writes them), got {tuple(gate_rows.shape)} "
+        raise ValueError(f"{name}: gate_rows must be {shape} fp64 ({len(gates)} row(s) a head, "
+                         f"as chunk_cumsum writes them), got {tuple(gate_rows.shape)} "
                          f"{gate_rows.dtype}")
+    return gate_rows
 
 
 def _gate_rows(rows, B, T, HV):
@@ -718,9 +722,7 @@ def chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state
     if variant is not None and not set(variant) <= VARIANT_KEYS:
         raise ValueError(f"chunk_state_output_t: variant keys must be among "
                          f"{sorted(VARIANT_KEYS)}, got {sorted(variant)}")
-    if gate_rows is None:
-        gate_rows = _gate_rows([G], B, T, HV)
-    _check_gate_rows("chunk_state_output_t", gate_rows, B, T, HV, 1)
+    gate_rows = _rows_given_or_laid_out("chunk_state_output_t", gate_rows, [G], B, T, HV)
     return _launch(q, k, w, u, gate_rows, scale, initial_state,
                    output_final_state, output, num_stages, segments, False,
                    output_groups=groups, variant=variant)
@@ -744,9 +746,7 @@ def forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state, se
     if beta.shape != G.shape:
         raise ValueError(f"forward_t: beta {tuple(beta.shape)} is not {tuple(G.shape)}")
     B, T, HV = G.shape
-    if gate_rows is None:
-        gate_rows = _gate_rows([G, beta], B, T, HV)
-    _check_gate_rows("forward_t", gate_rows, B, T, HV, 2)
+    gate_rows = _rows_given_or_laid_out("forward_t", gate_rows, [G, beta], B, T, HV)
     return _launch(q, k, Ai, v, gate_rows, scale, initial_state,
                    output_final_state, True, NUM_STAGES, segments, True)
 

@@ -69,6 +69,19 @@ def uses_state_output_kernel(q, v, chunk_size, cu_seqlens):
     return True
 
 
+def gates_and_inverse(k, g, beta, HV, chunk_size, dtype, idx, gate_rows=None,
+                      solve_method="blocked", solve_iters=None):
+    """(G, T, rows): the chunk-cumulated log-decay [B, T, HV] fp64 (chunk_cumsum), T =
+    (I + A)⁻¹ [B, T, HV, C] in ``dtype`` (chunk_inverse, ``solve_method``), and with
+    ``gate_rows`` (chunk_cumsum's argument: [] or [beta]) the rows the Gluon kernels read,
+    written by the cumsum's launch, else None. k, g, beta contiguous; idx: chunk_layout's."""
+    out = chunk_cumsum(g, chunk_size, gate_rows=gate_rows, **idx)
+    G, rows = out if gate_rows is not None else (out, None)
+    Ai = chunk_inverse(k, G, beta, HV, chunk_size, dtype, solve_method=solve_method,
+                       solve_iters=solve_iters, **idx)
+    return G, Ai, rows
+
+
 def materialized_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
                      chunk_size=64, inverse_dtype=None, solve_method="blocked",
                      solve_iters=None, cu_seqlens_cpu=None, return_inverse=False):
@@ -84,13 +97,12 @@ def materialized_fwd(q, k, v, g, beta, scale, initial_state, output_final_state,
     HV = v.shape[2]
     prec = dot_precision(q.dtype)
     N, chunk_offsets, idx = chunk_layout(cu_seqlens, q.shape[0], chunk_size, cu_seqlens_cpu)
-    # the Gluon state + output kernel reads G again as TMA rows, written by the same launch
+    # the Gluon state + output kernel reads G again as TMA rows, written by the cumsum's launch
     state_output = uses_state_output_kernel(q, v, chunk_size, cu_seqlens)
-    out = chunk_cumsum(g, chunk_size, gate_rows=[] if state_output else None, **idx)
-    G, rows = out if state_output else (out, None)
-    Ai = chunk_inverse(k, G, beta, HV, chunk_size,
-                       inverse_dtype or default_inverse_dtype(q.dtype),
-                       solve_method=solve_method, solve_iters=solve_iters, **idx)
+    G, Ai, rows = gates_and_inverse(k, g, beta, HV, chunk_size,
+                                    inverse_dtype or default_inverse_dtype(q.dtype), idx,
+                                    gate_rows=[] if state_output else None,
+                                    solve_method=solve_method, solve_iters=solve_iters)
     w, u = recompute_w_u(k, v, G, beta, Ai, dot_precision=prec, **idx)
     if state_output:
         from gdn_fused.kernels.gluon_transposed import chunk_state_output_t
