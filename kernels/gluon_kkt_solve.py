@@ -53,6 +53,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from gdn_fused.kernels.gluon_wu import TF32_DROP, _sum
+from gdn_fused.kernels.launch import launch
 
 BLOCK = gl.constexpr(16)  # diagonal block: the substitution's 15 rows, mma_v2's M
 NB = gl.constexpr(4)  # diagonal blocks of a chunk of 64
@@ -60,11 +61,10 @@ CHUNK = 64
 NUM_WARPS = 1
 # kkt_solve_from_k_gluon_kernel's HEADS = 2 (two value heads of one key head a program, K Kᵀ
 # formed once): H200, bf16 T, H = 16, HV = 32 (session 11, docs/speed_log.md): 249 → 225 µs
-# at (1, 32768) and (8, 4096), 482 → 445 at (32, 2048); the second head's T differs at fp32
-# rounding level (≤ 1.9e-9: an fma contraction the compiler chose differently, see the
-# kernel's docstring). Off until the whole GPU suite has run with it (the routes' o and the
-# backward's saved-T paths change at that level); tests/test_kkt_solve.py checks it
-SHARED_KEYS = False
+# at (1, 32768) and (8, 4096), 482 → 445 at (32, 2048). With the substitution's row-0 term a
+# select (session 12) both heads of a pair have one head a program's bits
+# (tests/test_kkt_solve.py, test_gluon_from_k_with_shared_keys)
+SHARED_KEYS = True
 
 # the substitution's [block, column, row] tile: rows (dim 2) wholly in registers, 8 lanes × 2
 # columns span a block's 16 columns, 4 lanes the 4 blocks
@@ -201,7 +201,12 @@ def _solve_staged(l3, diag, cpl, t_tile, S, row0, seqlen):
     for i in gl.static_range(1, BLOCK):
         # row i of every block, whole in each thread: [NB, 1, 16]
         L_i = l3.slice(i, 1, dim=1).load(COLUMNS)
-        row = (oj == i).to(gl.float32) - gl.expand_dims(_sum(L_i * T3, axis=2), 2)
+        # row 0 of T3 is e₀: its term is selected, not multiplied, so every add of the sum
+        # has one product to contract into an fma and each copy of this solve (HEADS = 2
+        # has two) compiles to the same rounding (a product of L_i0 · 1 let LLVM order the
+        # first add either way: ≤ 1.9e-9 between the heads, session 11)
+        terms = gl.where(om == 0, gl.where(oj == 0, L_i, 0.), L_i * T3)
+        row = (oj == i).to(gl.float32) - gl.expand_dims(_sum(terms, axis=2), 2)
         T3 = gl.where(om == i, row, T3)
     gl.thread_barrier()  # every row of L read before the inverses overwrite it
     # the inverses through shared memory (transposed back to [b, row, column]), where each is
@@ -315,22 +320,19 @@ def kkt_solve_from_k_gluon_kernel(k, G, beta, Ai, cu_seqlens, chunk_indices, T, 
     last reader is that block row when the rows are taken in descending order and each row's
     diagonal block first. One buffer of 64·KA 16-bit values a tile (16 KB up to K = 128)
     instead of 16 + 10 KB: shared memory bounds the tiles an SM holds (H200, (1, 32768):
-    264.5 µs with separate buffers, 8 tiles an SM; 247.7 µs aliased). KA = max(K, 128) key columns are staged (those past K as zeros), so that a block row
-    always has room. KEYS: the coalesced layout of the key load; KEYS_SMEM: their shared
-    layout (:func:`_key_layouts`). HEADS = 2 (experimental, :data:`SHARED_KEYS`): a program
-    solves two adjacent value heads of one key head (HV / H even; NBH counts head pairs), each
-    K Kᵀ block formed once and gated for both; the second head's A goes to its own 10 KB (as
-    kkt_solve_gluon_kernel stages it), so 26 KB for two heads instead of 32, and 160 of a
-    tile's 352 mma_v2 are shared. The same products per head, but the second head's T
-    differs from one head a program's at fp32 rounding level (H200: ≤ 1.9e-9 absolute, equally
-    close to the fp64 inverse). Cause (PTX of both, session 11): in the substitution's
-    ``_sum(L_i * T3)`` the first add has two products, one of them exact (row 0 of T3 is e₀);
-    LLVM's SLP vectorizer ordered the second head's copy the other way, so ptxas fused the
-    other product into the fma: round(L_i0 + round(L_i1 T_10)) against round(L_i1 T_10 +
-    L_i0), column 0 of the diagonal inverses only. Benign (no race: the buffers are disjoint
-    and read after the barrier). Writing row 0's term as a select (every add then has one
-    product) makes all copies alike on sm_90a PTX, but moves HEADS = 1's own bits too; not yet
-    run on a GPU (docs/speed_log.md, "Predicted")."""
+    264.5 µs with separate buffers, 8 tiles an SM; 247.7 µs aliased). KA = max(K, 128) key
+    columns are staged (those past K as zeros), so that a block row always has room. KEYS:
+    the coalesced layout of the key load; KEYS_SMEM: their shared layout
+    (:func:`_key_layouts`). HEADS = 2 (:data:`SHARED_KEYS`, the default where HV / H is
+    even): a program solves two adjacent value heads of one key head (NBH counts head pairs),
+    each K Kᵀ block formed once and gated for both; the second head's A goes to its own 10 KB
+    (as kkt_solve_gluon_kernel stages it), so 26 KB for two heads instead of 32, and 160 of a
+    tile's 352 mma_v2 are shared: −10 % of the kernel's time on the H200 (session 11). Both
+    heads have one head a program's bits (tests/test_kkt_solve.py) since the substitution
+    selects its row-0 term instead of multiplying it by T3's exact e₀ row (session 12): with
+    the product, LLVM's SLP vectorizer ordered the first add of the second head's copy the
+    other way and ptxas fused the other product into the fma — round(L_i0 + round(L_i1 T_10))
+    against round(L_i1 T_10 + L_i0), ≤ 1.9e-9 apart (PTX of both, session 11)."""
     BT: gl.constexpr = NB * BLOCK
     i_t, i_hv, bos, seqlen = _program(T, NBH, cu_seqlens, chunk_indices, HV // HEADS,
                                       IS_VARLEN)
@@ -400,7 +402,8 @@ def kkt_solve_gluon(A, output_dtype=torch.float32, cu_seqlens=None, chunk_indice
     """(I + A)⁻¹ per chunk of 64 on a CUDA GPU (sm_80 or later): A [B, T, HV, 64] (fp32, or
     any float dtype, computed in fp32), strictly lower (only its strict lower part is read);
     returns T [B, T, HV, 64] in ``output_dtype``. Inputs as checked by kkt_solve (call that);
-    raises ValueError here for a chunk size other than 64. Packed sequences as kkt_solve (cu_seqlens, chunk_indices, num_chunks).
+    raises ValueError here for a chunk size other than 64. Packed sequences as kkt_solve
+    (cu_seqlens, chunk_indices, num_chunks).
     Same values as ``kkt_solve(A, output_dtype)`` up to fp32 rounding order (the tests bound
     both against fp64). maxnreg: ptxas' register cap per thread (launch sweeps)."""
     B, T, HV, C = A.shape
@@ -443,7 +446,7 @@ def kkt_solve_from_k_gluon(k, G, beta, num_value_heads, output_dtype=torch.float
     kkt_solve.kkt_solve_from_k (call that); raises ValueError here for other key dtypes or
     widths. Packed sequences as kkt_solve_gluon; maxnreg: ptxas' register cap (launch
     sweeps); shared_keys: solve two value heads of a key head a program where HV / H is even
-    (None: :data:`SHARED_KEYS`; the same bits either way)."""
+    (None: :data:`SHARED_KEYS`; the same bits either way, measured on the H200)."""
     B, T, H, K = k.shape
     if k.dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"kkt_solve_from_k_gluon: k must be fp16 or bf16, got {k.dtype}")
@@ -456,7 +459,7 @@ def kkt_solve_from_k_gluon(k, G, beta, num_value_heads, output_dtype=torch.float
     KA, keys, keys_smem = _key_layouts(K)
     heads = 2 if (shared_keys if shared_keys is not None else SHARED_KEYS) \
         and (HV // H) % 2 == 0 else 1
-    kkt_solve_from_k_gluon_kernel[(NT * B * HV // heads,)](
+    launch(kkt_solve_from_k_gluon_kernel, (NT * B * HV // heads,),
         k, G, beta, Ai, cu_seqlens, chunk_indices, T, B * HV // heads, H=H, HV=HV, K=K, KA=KA,
         KEYS=keys, KEYS_SMEM=keys_smem, IS_VARLEN=cu_seqlens is not None, HEADS=heads,
         num_warps=NUM_WARPS, **({} if maxnreg is None else {"maxnreg": maxnreg}))
