@@ -46,6 +46,16 @@ def _host_ms(fn, calls=CALLS, repeats=5):
     return best * 1e3 / calls
 
 
+def _host_ms_ab(fn_a, fn_b, calls=CALLS, repeats=7):
+    """(host ms of fn_a, of fn_b) as :func:`_host_ms`, their runs interleaved so that the
+    host's drift (2× between processes, and within one) falls on both alike."""
+    a, b = float("inf"), float("inf")
+    for _ in range(repeats):
+        a = min(a, _host_ms(fn_a, calls, 1))
+        b = min(b, _host_ms(fn_b, calls, 1))
+    return a, b
+
+
 def _profile(fn, calls=CALLS, top=25):
     """The ``top`` functions by own host time over ``calls`` calls, as cProfile prints them."""
     fn()
@@ -89,6 +99,13 @@ def _with_grad_mode(fn):
         return fn()
 
 
+def _jit_launches(fn):
+    """fn() with kernels/launch.py's direct launches off (every launch through Triton's JIT)."""
+    from gdn_fused.kernels import launch
+    with mock.patch.object(launch, "DIRECT", False):
+        return fn()
+
+
 def breakdown(B, T, profile=False):
     """Host ms per call of each piece of the fused backend's Hopper route at (B, T) (forced on
     below its token threshold, restored after), from the API call down to one empty launch."""
@@ -128,6 +145,9 @@ def _time_pieces(B, T, profile):
         "chunk_gated_delta_rule materialized": lambda: chunk_gated_delta_rule(
             q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=True,
             backend="materialized"),
+        "chunk_gated_delta_rule fused, Triton's JIT launches": lambda: _jit_launches(
+            lambda: chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=h0,
+                                           output_final_state=True, backend="fused")),
         "chunk_gated_delta_rule fused, grad mode on": lambda: _with_grad_mode(
             lambda: chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=h0,
                                            output_final_state=True, backend="fused")),
@@ -139,6 +159,8 @@ def _time_pieces(B, T, profile):
         "its implementation": lambda: fused_fwd._fused_fwd_impl(*op_args),
         "_warp_specialized_fwd": lambda: fused_fwd._warp_specialized_fwd(
             q, k, v, g, beta, scale, h0, True, 64),
+        "_warp_specialized_fwd, Triton's JIT launches": lambda: _jit_launches(
+            lambda: fused_fwd._warp_specialized_fwd(q, k, v, g, beta, scale, h0, True, 64)),
         "chunk_cumsum": lambda: chunk_cumsum(g, 64),
         "chunk_cumsum with gate rows": lambda: chunk_cumsum(g, 64, gate_rows=[beta]),
         "_gate_rows": lambda: gluon_transposed._gate_rows([G, beta], B, T, HV),
@@ -153,6 +175,13 @@ def _time_pieces(B, T, profile):
         "torch.empty": lambda: torch.empty(16, device="cuda"),
     }
     with torch.no_grad():
+        # A/B of the direct launches (kernels/launch.py), interleaved
+        for name in ("chunk_gated_delta_rule fused", "_warp_specialized_fwd"):
+            jit = f"{name}, Triton's JIT launches"
+            pieces[name](), pieces[jit]()
+            a, b = _host_ms_ab(pieces[name], pieces[jit])
+            print(dict(B=B, T=T, piece=f"{name}: direct launches {a:.4f} ms, JIT launches "
+                       f"{b:.4f} ms (interleaved)"), flush=True)
         for name, fn in pieces.items():
             if fn is None:
                 continue
@@ -165,6 +194,70 @@ def _time_pieces(B, T, profile):
                 prof.runcall(lambda: [pieces[name]() for _ in range(CALLS)])
                 pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(40)
                 print(name, text.getvalue(), flush=True)
+
+
+class _Capture:
+    """Stands in for a JIT kernel: ``[grid](*args, **kwargs)`` records the launch, runs nothing."""
+
+    def __init__(self):
+        self.last = None
+
+    def __getitem__(self, grid):
+        # the last launch only: keeping every call's tensors alive would make each call's
+        # allocations new cudaMallocs, and time those
+        def record(*args, **kwargs):
+            self.last = (grid, args, kwargs)
+        return record
+
+
+def _launch_pieces(name, module, attr, call):
+    """Host ms of one launcher's pieces: ``call()`` with the kernel ``module.attr`` replaced by
+    a recorder (the launcher's own Python: checks, allocations, descriptors), then its last
+    recorded launch through Triton's JIT (``fn[grid](...)``: binding, specialization, cache
+    key, the globals check, the launch), Triton's generated binder alone, and the compiled
+    kernel launched directly (``CompiledKernel[grid](*all_args)``, no binding)."""
+    import triton
+    fn = getattr(module, attr)
+    capture = _Capture()
+    with mock.patch.object(module, attr, capture):
+        print(dict(piece=f"{name}: its Python, no launch", host_ms=round(_host_ms(call), 4)),
+              flush=True)
+    grid, args, kwargs = capture.last
+    compiled = fn[grid](*args, **kwargs)
+    device = triton.runtime.driver.active.get_current_device()
+    binder = fn.device_caches[device][4]
+    bound, _, _ = binder(*args, **kwargs)
+    everything = list(bound.values())
+    grid3 = tuple(grid) + (1,) * (3 - len(grid))
+    for piece, f in ((f"{name}: JIT launch", lambda: fn[grid](*args, **kwargs)),
+                     (f"{name}: the JIT's binder alone", lambda: binder(*args, **kwargs)),
+                     (f"{name}: the compiled kernel launched directly",
+                      lambda: compiled[grid3](*everything))):
+        print(dict(piece=piece, host_ms=round(_host_ms(f), 4)), flush=True)
+
+
+def launch_breakdown(B, T):
+    """Host ms of the fused route's two Gluon launchers, split as :func:`_launch_pieces`
+    does, at (B, T) (the route forced on below its token threshold)."""
+    from gdn_fused.kernels import gluon_kkt_solve, gluon_transposed, materialized
+    from gdn_fused.kernels.chunk_gate import chunk_cumsum
+    from gdn_fused.kernels.kkt_solve import chunk_inverse
+    q, k, v, g, beta, h0 = make_inputs(B, T)
+    HV = v.shape[2]
+    with torch.no_grad(), mock.patch.object(materialized, "MIN_TOKENS_STATE_OUTPUT_KERNEL", 0):
+        G, rows = chunk_cumsum(g, 64, gate_rows=[beta])
+        Ai = chunk_inverse(k, G, beta, HV, 64, torch.bfloat16)
+        print(dict(B=B, T=T, piece="get_device_capability", host_ms=round(_host_ms(
+            lambda: torch.cuda.get_device_capability(q.device)), 4)), flush=True)
+        print(dict(B=B, T=T, piece="check_state_inputs", host_ms=round(_host_ms(
+            lambda: gluon_transposed.check_state_inputs(
+                "forward_t", q, k, v, G, h0, None,
+                (("v", v, 128), ("Ai", Ai, 64)))), 4)), flush=True)
+        _launch_pieces("forward_t", gluon_transposed, "chunk_state_output_t_kernel",
+                       lambda: gluon_transposed.forward_t(q, k, v, G, beta, Ai, DIM ** -0.5, h0,
+                                                          True, gate_rows=rows))
+        _launch_pieces("chunk_inverse", gluon_kkt_solve, "kkt_solve_from_k_gluon_kernel",
+                       lambda: chunk_inverse(k, G, beta, HV, 64, torch.bfloat16))
 
 
 def main(argv=None):
@@ -185,6 +278,7 @@ def main(argv=None):
     if args.breakdown:
         for B, T in args.shapes:
             breakdown(B, T, "fused" in profiled)
+            launch_breakdown(B, T)
         return
     for B, T in args.shapes:
         for name, fn in calls_for(B, T).items():
