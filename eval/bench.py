@@ -342,6 +342,17 @@ def bench_stages(B=1, T=32768):
                                                                   h0, True)
             stages["forward_t 1 segment"] = lambda: forward_t(q, k, v, G, beta, Ai, 0.1, h0,
                                                               True, segments=1)
+            # P formed by the W/U warpgroup or by the output one (P_ON_WU), both unsplit
+            for p_on_wu in (False, True):
+                o_p, _ = forward_t(q, k, v, G, beta, Ai, 0.1, h0, True, segments=1,
+                                   p_on_wu=p_on_wu)
+                print(f"forward_t 1 segment, P on the W/U warpgroup {p_on_wu}: rel diff vs "
+                      f"the default o {rel_diff(o_p, o_f):.2e}", flush=True)
+                stages[f"forward_t 1 segment, P on the W/U warpgroup {p_on_wu}"] = (
+                    lambda p_on_wu=p_on_wu: forward_t(q, k, v, G, beta, Ai, 0.1, h0, True,
+                                                      segments=1, p_on_wu=p_on_wu))
+            stages["forward_t, P on the W/U warpgroup"] = lambda: forward_t(
+                q, k, v, G, beta, Ai, 0.1, h0, True, p_on_wu=True)
         except Exception as e:  # experimental: report, keep the other numbers
             print(f"forward_t failed: {e!r}", flush=True)
     wu = _gluon_kernel("gluon_wu", "wu_gluon", "GDN_BENCH_SKIP_GLUON_WU")
@@ -488,6 +499,60 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS, device="cuda", dtype=t
 def sweep_launch(shapes):
     """LAUNCH_VARIANTS of the state passes and the chunk-parallel kernels at each shape."""
     return [bench_bwd_stages(B, T, LAUNCH_VARIANTS) for B, T in shapes]
+
+
+def sweep_forward_t(shapes):
+    """forward_t (the fused backend's kernel after the inverse) at each shape: by default, with
+    P formed by the W/U warpgroup (P_ON_WU) and with two staging tiles for O (O_BUFFERS = 2),
+    split as the route splits, each against the default's o; then, unsplit, its roles added
+    one at a time (the chain alone with W and U from HBM, + the W/U warpgroup, + one output
+    warpgroup, and the chain with one or two output warpgroups and W, U from HBM): what each
+    role adds to a chunk step. do_bench medians in µs."""
+    import triton
+    forward_t = _gluon_kernel("gluon_transposed", "forward_t",
+                              "GDN_BENCH_SKIP_GLUON_T_EXPERIMENTAL")
+    if forward_t is None:
+        return
+    from gdn_fused.kernels import gluon_transposed as gt
+    from gdn_fused.kernels.chunk_gate import chunk_cumsum
+    from gdn_fused.kernels.kkt_solve import kkt_solve_from_k
+    from gdn_fused.kernels.wu import recompute_w_u
+    for B, T in shapes:
+        q, k, v, g, beta, h0 = make_inputs(B, T)
+        G, rows = chunk_cumsum(g, CHUNK, gate_rows=[beta])
+        Ai = kkt_solve_from_k(k, G, beta, HV, CHUNK, torch.bfloat16)
+        w, u = recompute_w_u(k, v, G, beta, Ai, dot_precision="tf32")
+        rows_g = gt._gate_rows([G], B, T, HV)
+        stages = gt.NUM_STAGES
+        roles = {  # _launch(..., output, num_stages, segments, wu, output_groups=...)
+            "chain, W and U from HBM": lambda: gt._launch(
+                q, k, w, u, rows_g, 0.1, h0, True, False, stages, 1, False),
+            "chain + W/U warpgroup": lambda: gt._launch(
+                q, k, Ai, v, rows, 0.1, h0, True, False, stages, 1, True),
+            "chain + W/U + one output warpgroup (forward_t)": lambda: gt._launch(
+                q, k, Ai, v, rows, 0.1, h0, True, True, stages, 1, True),
+            "chain + one output warpgroup, W and U from HBM": lambda: gt._launch(
+                q, k, w, u, rows_g, 0.1, h0, True, True, stages, 1, False, output_groups=1),
+            "chain + two output warpgroups, W and U from HBM": lambda: gt._launch(
+                q, k, w, u, rows_g, 0.1, h0, True, True, stages, 1, False, output_groups=2),
+        }
+        for name, fn in roles.items():
+            fn()
+            us = 1e3 * triton.testing.do_bench(fn, return_mode="median")
+            print(f"forward_t roles B={B} T={T} {name}: {us:.1f} us, "
+                  f"{us / triton.cdiv(T, CHUNK):.2f} us a chunk", flush=True)
+        o_ref = None
+        variants = {"default": {}, "P on the W/U warpgroup": dict(p_on_wu=True),
+                    "two staging tiles for O": dict(variant=dict(O_BUFFERS=2))}
+        for name, kw in variants.items():
+            o, _ = forward_t(q, k, v, G, beta, Ai, 0.1, h0, True, **kw)
+            o_ref = o if o_ref is None else o_ref
+            us = 1e3 * triton.testing.do_bench(
+                lambda: forward_t(q, k, v, G, beta, Ai, 0.1, h0, True, **kw),
+                return_mode="median")
+            print(f"forward_t B={B} T={T} {name}: {us:.1f} us, rel diff of o "
+                  f"{rel_diff(o, o_ref):.2e}", flush=True)
+        torch.cuda.empty_cache()
 
 
 def _gluon_kernel(module, name, skip_env):
@@ -659,6 +724,7 @@ SWEEPS = {
     "bwd": lambda shapes, bandwidth: bench_bwd_stages(),
     "launch": lambda shapes, bandwidth: sweep_launch(shapes),
     "stages": lambda shapes, bandwidth: bench_stages(),
+    "forward_t": lambda shapes, bandwidth: sweep_forward_t(shapes),
 }
 
 
@@ -683,7 +749,8 @@ def main(argv=None):
                         f"default all, run in this order): {', '.join(SWEEPS)} — fused: the "
                         "fused kernel's launch, segments and inverse placement at --shapes; "
                         "kkt: kkt_solve register caps; bwd, stages: each backward and forward "
-                        "kernel's time at B=1, T=32768")
+                        "kernel's time at B=1, T=32768; forward_t: the fused route's kernel "
+                        "with P formed by either warpgroup at --shapes")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         p.error("the benchmark needs a CUDA device")

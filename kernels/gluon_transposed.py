@@ -101,6 +101,7 @@ from gdn_fused.kernels.gluon_ring import (LOAD_REGS, LOAD_WARPS, accumulator_lay
                                           descriptor_layout, load_ring, ring_barriers,
                                           ring_buffers, ring_program)
 from gdn_fused.kernels.chunk_index import sm_count
+from gdn_fused.kernels.launch import launch
 from gdn_fused.kernels.gluon_wu import _sum
 
 CHUNK = 64
@@ -118,13 +119,25 @@ MAXNREG = 168
 WU_WARPS = gl.constexpr(4)
 WU_REGS = gl.constexpr(128)
 MAXNREG_WU = 128  # 4 + 4 + 1 + 4 warps, padded to 16: 65,536 / (16 · 32)
+# with P formed by the W/U warpgroup (P_ON_WU): the output's live set is Q, O and the gates,
+# the W/U one's adds Q Kᵀ's accumulator and the mask's fp64 differences
+OUT_REGS_P = gl.constexpr(96)
+WU_REGS_P = gl.constexpr(160)
+# forward_t's default: P formed by the W/U warpgroup (measured in session 12, docs/speed_log.md)
+P_ON_WU = False
+# O's TMA staging tiles an output warpgroup. Leaving the O store out took forward_t's step
+# 2.19 → 2.00 µs at (1, 32768), but a second tile (each chunk's O then waits only for the
+# store two chunks back) measured no faster: forward_t 1,059 vs 1,062 µs at (1, 32768), 637
+# vs 621 at (8, 4096), 1,338 vs 1,322 at (32, 2048) (session 12, docs/speed_log.md): the
+# store's own work (shared-memory write, fence, barrier) is what costs, not the wait
+O_STAGING = gl.constexpr(1)
 # output warpgroups taking alternate chunks (OUT_GROUPS), and the launch's register cap then
 # (4 + 4 + 4 + 1 warps, padded to 16, as with W/U on chip)
 OUTPUT_GROUPS = 2
 MAXNREG_TWO_OUTPUTS = 128
 # the main launch's constexprs chunk_state_output_t's ``variant`` may set (launch variants for
 # eval.bench): Q in registers with the early stage release, the two output groups' registers
-VARIANT_KEYS = frozenset({"Q_REGS", "OUT_REGS_TWO"})
+VARIANT_KEYS = frozenset({"Q_REGS", "OUT_REGS_TWO", "O_BUFFERS"})
 
 
 @gluon.jit
@@ -147,12 +160,26 @@ def _gate_row(g_bufs, s, row: gl.constexpr):
 
 
 @gluon.jit
+def _masked_scores(qk, b_G, b_Gj, valid, o_t, o_j):
+    """P = (Q Kᵀ) ⊙ M in bf16, M_ij = e^{G_i − G_j} for j ≤ i on rows before T, else 0. Rows
+    past T are selected away too: their G reads 0, so G_i − G_j may be > 0; the exponent is
+    selected before the exp, so strong decay never gives inf · 0."""
+    incl = (o_t[:, None] >= o_j[None, :]) & valid[:, None]
+    diff = (b_G[:, None] - b_Gj[None, :]).to(gl.float32)
+    return (qk * gl.where(incl, gl.exp(gl.where(incl, diff, 0.)), 0.)).to(gl.bfloat16)
+
+
+@gluon.jit
 def _wu_partition(k_bufs, t_bufs, v_bufs, g_bufs, ready, empty, wp_bufs, up_bufs, wu_ready,
-                  c0, n):
+                  c0, n, q_bufs, p_bufs, p_ready, sv_empty, T, P_ON_WU: gl.constexpr):
     """Per chunk, W = T D_{βe^G} K and U = T D_β V into stage i_t % STAGES of wp_bufs / up_bufs,
     from the ring's T (bf16 [C, C]), k and v tiles: D scales T's columns in registers (the A
     operand), so k and v enter the products as loaded. (recompute_w_u scales k's and v's rows
-    instead: the same products, one bf16 rounding at another place.)"""
+    instead: the same products, one bf16 rounding at another place.) P_ON_WU: then the
+    chunk's P = (Q Kᵀ) ⊙ M into p_bufs (ready on p_ready) for the output warpgroup, once that
+    warpgroup has read the stage's previous P (sv_empty, which it arrives on after its
+    products): P does not depend on the state, so the output's chunk, the longest role a
+    step, shrinks to its two products after the chain."""
     BT: gl.constexpr = k_bufs.type.shape[1]
     K: gl.constexpr = k_bufs.type.shape[2]
     BVr: gl.constexpr = v_bufs.type.shape[2]
@@ -184,6 +211,21 @@ def _wu_partition(k_bufs, t_bufs, v_bufs, g_bufs, ready, empty, wp_bufs, up_bufs
         fence_async_shared()
         gl.thread_barrier()
         mbarrier.arrive(wu_ready.index(s), count=1)
+        if P_ON_WU:
+            qk = warpgroup_mma(q_bufs.index(s), k_bufs.index(s).permute((1, 0)),
+                               gl.zeros([BT, BT], gl.float32, acc_t), use_acc=False)
+            o_t = gl.arange(0, BT, layout=gl.SliceLayout(1, acc_t))
+            valid = (c0 + j) * BT + o_t < T
+            b_Gi = _gate_row(g_bufs, s, 0).load(gl.SliceLayout(1, acc_t))
+            p = _masked_scores(qk, b_Gi, b_G, valid, o_t,
+                               gl.arange(0, BT, layout=gl.SliceLayout(0, acc_t)))
+            # chunk j − STAGES's P read by the output warpgroup's products (passes at once the
+            # first STAGES times)
+            mbarrier.wait(sv_empty.index(s), ((j // STAGES) & 1) ^ 1)
+            p_bufs.index(s).store(p)
+            fence_async_shared()
+            gl.thread_barrier()
+            mbarrier.arrive(p_ready.index(s), count=1)
         mbarrier.arrive(empty.index(s), count=1)
 
 
@@ -231,7 +273,8 @@ def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv
                       sv_empty, o_smem, o_desc, o, scale, T, c0, n, i_n, i_hv, i_v,
                       HV: gl.constexpr, V: gl.constexpr, STORE_H: gl.constexpr, h,
                       group: gl.constexpr = 0, GROUPS: gl.constexpr = 1,
-                      Q_REGS: gl.constexpr = True):
+                      Q_REGS: gl.constexpr = True, p_bufs=None, p_ready=None,
+                      P_ON_WU: gl.constexpr = False):
     """Per chunk: P = (Q Kᵀ) ⊙ M and, once the chain has put h_c and V' in shared memory,
     O = scale (D_{e^G} Q h_c + P V') into o; with STORE_H, h_c and V' into h and o instead.
 
@@ -242,7 +285,11 @@ def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv
     products have read them.
 
     With GROUPS output warpgroups, this one (``group``) takes chunks j ≡ group (mod GROUPS),
-    always the same ring stage(s), and its own staging tile o_smem."""
+    always the same ring stage(s), and its own staging tiles of o_smem ([GROUPS · n, C, BV]:
+    n a group, taken in turn, so that a chunk's O waits only for the TMA store n chunks
+    back). P_ON_WU (with Q_REGS): P
+    comes from the W/U warpgroup through p_bufs (ready on p_ready) instead of this one's Q Kᵀ;
+    the stage is released once Q and the gates are in registers."""
     if STORE_H:
         _store_h(st_bufs, vn_bufs, sv_ready, sv_empty, h, o, T, c0, n, i_n, i_hv, i_v, HV, V,
                  group, GROUPS)
@@ -255,6 +302,7 @@ def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv
     o_t = gl.arange(0, BT, layout=gl.SliceLayout(1, acc))
     o_j = gl.arange(0, BT, layout=gl.SliceLayout(0, acc))
     gl.static_assert(STAGES % GROUPS == 0, "a ring stage belongs to one output warpgroup")
+    O_BUFS: gl.constexpr = o_smem.type.shape[0] // GROUPS
     bos = i_n * T
     col = i_hv * V + i_v * BVr
     for j in range(group, n, GROUPS):
@@ -269,18 +317,21 @@ def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv
             q_op = q_bufs.index(s).load(a_op)
         else:
             q_op = q_bufs.index(s)
-        qk = warpgroup_mma(q_op, k_bufs.index(s).permute((1, 0)),
-                           gl.zeros([BT, BT], gl.float32, acc), use_acc=False)
-        if Q_REGS:
-            # every warp past its reads of the stage (q, k, the gates) before the one arrive
+        if P_ON_WU:
+            gl.static_assert(Q_REGS, "P from the W/U warpgroup releases the stage early")
             gl.thread_barrier()
             mbarrier.arrive(empty.index(s), count=1)
-        # rows past T are selected away too: their G reads 0, so G_i − G_j may be > 0; the
-        # exponent is selected before the exp, so strong decay never gives inf · 0
-        incl = (o_t[:, None] >= o_j[None, :]) & valid[:, None]
-        diff = (b_G[:, None] - b_Gj[None, :]).to(gl.float32)
-        p = gl.convert_layout((qk * gl.where(incl, gl.exp(gl.where(incl, diff, 0.)), 0.))
-                              .to(gl.bfloat16), a_op)
+            mbarrier.wait(p_ready.index(s), phase)
+            p = p_bufs.index(s)
+        else:
+            qk = warpgroup_mma(q_op, k_bufs.index(s).permute((1, 0)),
+                               gl.zeros([BT, BT], gl.float32, acc), use_acc=False)
+            if Q_REGS:
+                # every warp past its reads of the stage (q, k, the gates) before the one
+                # arrive
+                gl.thread_barrier()
+                mbarrier.arrive(empty.index(s), count=1)
+            p = gl.convert_layout(_masked_scores(qk, b_G, b_Gj, valid, o_t, o_j), a_op)
         mbarrier.wait(sv_ready.index(s), phase)
         b_o = warpgroup_mma(q_op, st_bufs.index(s).permute((1, 0)),
                             gl.zeros([BT, BVr], gl.float32, acc), use_acc=False)
@@ -293,12 +344,14 @@ def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv
         out = (b_o * scale).to(o_desc.dtype)
         row = bos + i_t * BT
         if (i_t + 1) * BT <= T:
-            # the previous chunk's TMA store must have read o_smem before it is rewritten
-            tma.store_wait(0)
-            o_smem.store(out)
+            # the TMA store that last read this staging tile (O_BUFS of this group's chunks
+            # back) must be done before it is rewritten; the newer ones may still run
+            tile = o_smem.index(group * O_BUFS + (j // GROUPS) % O_BUFS)
+            tma.store_wait(O_BUFS - 1)
+            tile.store(out)
             fence_async_shared()
             gl.thread_barrier()
-            tma.async_copy_shared_to_global(o_desc, [row, col], o_smem)
+            tma.async_copy_shared_to_global(o_desc, [row, col], tile)
         else:
             # a partial chunk: a TMA box would write into the next sequence's rows
             o_v = gl.arange(0, BVr, layout=gl.SliceLayout(0, acc))
@@ -410,7 +463,9 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
                                 WU: gl.constexpr = False, STORE_H: gl.constexpr = False,
                                 h=None, OUT_GROUPS: gl.constexpr = 1,
                                 Q_REGS: gl.constexpr = True,
-                                OUT_REGS_TWO: gl.constexpr = OUT_REGS):
+                                OUT_REGS_TWO: gl.constexpr = OUT_REGS,
+                                P_ON_WU: gl.constexpr = False,
+                                O_BUFFERS: gl.constexpr = O_STAGING):
     """Grid (SW / BV, B·HV, segments). MAP: the state pass alone over the K + V columns of
     [M | b] from [I | 0] (SW = K + V) for segments 0 … NS − 2, each stored to ht's segment
     slab; else the pass with the output over segment i_seg (SW = V), starting from h0's
@@ -419,7 +474,9 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
     a fourth warpgroup forms W and U on chip. STORE_H (experimental, with OUTPUT off): the
     second warpgroup stores h_c and V' to h and o (as v_new) in chunk_state's layouts.
     OUT_GROUPS = 2 (with OUTPUT or STORE_H, without WU): two output (or store) warpgroups take
-    alternate chunks."""
+    alternate chunks. P_ON_WU (with WU and OUTPUT): the W/U warpgroup forms each chunk's
+    masked scores P for the output warpgroup (8 KB a stage more shared memory). O_BUFFERS:
+    TMA staging tiles of O an output warpgroup (8 KB each)."""
     gl.static_assert(OUT_GROUPS == 1 or ((OUTPUT or STORE_H) and not WU),
                      "two output groups need the output or STORE_H")
     gl.static_assert(not (STORE_H and (OUTPUT or MAP)), "STORE_H replaces the output")
@@ -459,7 +516,9 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
     vn_bufs = gl.allocate_shared_memory(
         gl.bfloat16, [STAGES, BT, BVr], gl.NVMMASharedLayout.get_default_for([BT, BVr],
                                                                             gl.bfloat16))
-    o_smem = gl.allocate_shared_memory(o_desc.dtype, [OUT_GROUPS] + o_desc.block_type.shape,
+    # O's TMA staging tiles: O_BUFFERS an output warpgroup
+    o_smem = gl.allocate_shared_memory(o_desc.dtype,
+                                       [OUT_GROUPS * O_BUFFERS] + o_desc.block_type.shape,
                                        o_desc.layout)
     # the output warpgroup, when there is one, and the W/U one release each stage too (the
     # stores of STORE_H read no stage)
@@ -493,20 +552,34 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
         wu_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(wu_ready.index(i), count=1)
+        P_WU: gl.constexpr = P_ON_WU and OUTPUT
+        if P_WU:
+            # P of each stage, formed by the W/U warpgroup for the output warpgroup
+            p_bufs = gl.allocate_shared_memory(
+                gl.bfloat16, [STAGES, BT, BT], gl.NVMMASharedLayout.get_default_for(
+                    [BT, BT], gl.bfloat16))
+            p_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1],
+                                                mbarrier.MBarrierLayout())
+            for i in gl.static_range(STAGES):
+                mbarrier.init(p_ready.index(i), count=1)
+        else:
+            p_bufs = wp_bufs  # unused: the output warpgroup forms P itself
+            p_ready = wu_ready
         gl.warp_specialize([
             (_chain_partition, (k_bufs, wp_bufs, up_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                 sv_ready, sv_empty, wu_ready, h0, ht, T, c0, n, i_n, i_hv,
                                 i_v, i_seg, HV, K, SW, USE_INITIAL_STATE, STORE_FINAL_STATE,
                                 HANDOFF, MAP, NS, WU)),
             (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
-                                 sv_ready, sv_empty, o_smem.index(0), o_desc, o, scale, T, c0,
+                                 sv_ready, sv_empty, o_smem, o_desc, o, scale, T, c0,
                                  n if HANDOFF else 0, i_n, i_hv, i_v, HV, V, STORE_H, h, 0, 1,
-                                 Q_REGS)),
+                                 Q_REGS, p_bufs, p_ready, P_WU)),
             (load_ring, (ring[0], ring[1], ring[2], (ready, empty), i_n * T + c0 * BT, n,
                          g_desc, g_bufs, g_row, c0 * BT)),
             (_wu_partition, (k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, wp_bufs, up_bufs,
-                             wu_ready, c0, n)),
-        ], [OUT_WARPS, LOAD_WARPS, WU_WARPS], [OUT_REGS, LOAD_REGS, WU_REGS])
+                             wu_ready, c0, n, q_bufs, p_bufs, p_ready, sv_empty, T, P_WU)),
+        ], [OUT_WARPS, LOAD_WARPS, WU_WARPS],
+            [OUT_REGS_P if P_WU else OUT_REGS, LOAD_REGS, WU_REGS_P if P_WU else WU_REGS])
     elif OUT_GROUPS == 2:
         # the output's chunk latency (three dependent products, the mask, the store) is longer
         # than the chain's step: two output warpgroups take alternate chunks
@@ -516,10 +589,10 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
                                 i_v, i_seg, HV, K, SW, USE_INITIAL_STATE, STORE_FINAL_STATE,
                                 HANDOFF, MAP, NS, WU)),
             (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
-                                 sv_ready, sv_empty, o_smem.index(0), o_desc, o, scale, T, c0,
+                                 sv_ready, sv_empty, o_smem, o_desc, o, scale, T, c0,
                                  n, i_n, i_hv, i_v, HV, V, STORE_H, h, 0, 2, Q_REGS)),
             (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
-                                 sv_ready, sv_empty, o_smem.index(1), o_desc, o, scale, T, c0,
+                                 sv_ready, sv_empty, o_smem, o_desc, o, scale, T, c0,
                                  n, i_n, i_hv, i_v, HV, V, STORE_H, h, 1, 2, Q_REGS)),
             (load_ring, (ring[0], ring[1], ring[2], (ready, empty), i_n * T + c0 * BT, n,
                          g_desc, g_bufs, g_row, c0 * BT)),
@@ -532,7 +605,7 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
                                 i_v, i_seg, HV, K, SW, USE_INITIAL_STATE, STORE_FINAL_STATE,
                                 HANDOFF, MAP, NS, WU)),
             (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
-                                 sv_ready, sv_empty, o_smem.index(0), o_desc, o, scale, T, c0,
+                                 sv_ready, sv_empty, o_smem, o_desc, o, scale, T, c0,
                                  n if HANDOFF else 0, i_n, i_hv, i_v, HV, V, STORE_H, h, 0, 1,
                                  Q_REGS)),
             (load_ring, (ring[0], ring[1], ring[2], (ready, empty), i_n * T + c0 * BT, n,
@@ -616,6 +689,13 @@ def check_state_inputs(name, q, k, v, G, initial_state, segments, tiles):
         raise ValueError(f"{name}: segments must be a positive int, got {segments!r}")
 
 
+def _check_variant(name, variant):
+    """ValueError unless variant is None or a dict whose keys are among VARIANT_KEYS."""
+    if variant is not None and not set(variant) <= VARIANT_KEYS:
+        raise ValueError(f"{name}: variant keys must be among {sorted(VARIANT_KEYS)}, got "
+                         f"{sorted(variant)}")
+
+
 def _check_groups(name, arg, groups, num_stages):
     """ValueError unless ``groups`` (the value of argument ``arg``) is the int 1 or 2 and
     divides num_stages (each output or store warpgroup owns whole ring stages)."""
@@ -650,7 +730,8 @@ def _gate_rows(rows, B, T, HV):
 
 
 def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_final_state,
-            output, num_stages, segments, wu, h=None, output_groups=1, variant=None):
+            output, num_stages, segments, wu, h=None, output_groups=1, variant=None,
+            p_on_wu=False):
     """Descriptors, then (when split) the map launch and the composition, then the main
     launch; w_tiles / u_tiles: W and U, or with ``wu`` T and v; with ``h`` (STORE_H) the
     main launch stores h_c into it and V' into the returned "o"."""
@@ -672,20 +753,21 @@ def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_fina
                                (DESCRIPTOR_BLOCKS["g"], GATE_LAYOUT))
     descs.append(TensorDescriptor.from_tensor(gate_rows, gate_block, gate_layout))
     NS = min(segments or num_segments(B * HV, NT, sm_count(q.device)), NT)
-    launch = dict(H=H, HV=HV, K=K, V=V, NS=NS, STAGES=num_stages, num_warps=4, WU=wu)
+    consts = dict(H=H, HV=HV, K=K, V=V, NS=NS, STAGES=num_stages, num_warps=4, WU=wu)
     cap = MAXNREG_WU if wu else MAXNREG
     if NS > 1:
         # the maps [M | b] of segments 0 … NS − 2 (the only HBM besides o and the state)
         maps = q.new_empty(NS - 1, B, HV, K, K + V, dtype=torch.float32)
-        chunk_state_output_t_kernel[((K + V) // BV, B * HV, NS - 1)](
-            *descs, o, None, maps, float(scale), T, USE_INITIAL_STATE=False,
-            STORE_FINAL_STATE=True, OUTPUT=False, MAP=True, maxnreg=cap, **launch)
+        launch(chunk_state_output_t_kernel, ((K + V) // BV, B * HV, NS - 1),
+               *descs, o, None, maps, float(scale), T, USE_INITIAL_STATE=False,
+               STORE_FINAL_STATE=True, OUTPUT=False, MAP=True, maxnreg=cap, **consts)
         h0 = compose_segment_states(maps, h0, B, HV)
-    chunk_state_output_t_kernel[(V // BV, B * HV, NS)](
-        *descs, o, h0, ht, float(scale), T, USE_INITIAL_STATE=h0 is not None,
-        STORE_FINAL_STATE=output_final_state, OUTPUT=output, MAP=False,
-        STORE_H=h is not None, h=h, OUT_GROUPS=output_groups, **(variant or {}),
-        maxnreg=MAXNREG_TWO_OUTPUTS if output_groups == 2 else cap, **launch)
+    launch(chunk_state_output_t_kernel, (V // BV, B * HV, NS),
+           *descs, o, h0, ht, float(scale), T, USE_INITIAL_STATE=h0 is not None,
+           STORE_FINAL_STATE=output_final_state, OUTPUT=output, MAP=False,
+           STORE_H=h is not None, h=h, OUT_GROUPS=output_groups, **(variant or {}),
+           **({"P_ON_WU": True} if p_on_wu else {}),
+           maxnreg=MAXNREG_TWO_OUTPUTS if output_groups == 2 else cap, **consts)
     return (o if output or h is not None else None), ht
 
 
@@ -719,9 +801,7 @@ def chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state
     B, T, HV = G.shape
     groups = output_groups if output else 1  # the state pass alone has no output warpgroup
     _check_groups("chunk_state_output_t", "output_groups", groups, num_stages)
-    if variant is not None and not set(variant) <= VARIANT_KEYS:
-        raise ValueError(f"chunk_state_output_t: variant keys must be among "
-                         f"{sorted(VARIANT_KEYS)}, got {sorted(variant)}")
+    _check_variant("chunk_state_output_t", variant)
     gate_rows = _rows_given_or_laid_out("chunk_state_output_t", gate_rows, [G], B, T, HV)
     return _launch(q, k, w, u, gate_rows, scale, initial_state,
                    output_final_state, output, num_stages, segments, False,
@@ -729,7 +809,7 @@ def chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state
 
 
 def forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state, segments=None,
-              gate_rows=None):
+              gate_rows=None, p_on_wu=None, variant=None):
     """The forward after the inverse in one kernel, W and U formed on chip by a fourth
     warpgroup (``WU``) instead of read from recompute_w_u: the fused backend's forward on
     Hopper (kernels/fused_fwd.py; timings and precision in the module docstring).
@@ -737,18 +817,21 @@ def forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state, se
     q, k [B, T, H, 128] bf16; v [B, T, HV, 128] bf16; G [B, T, HV] (natural-log decay
     cumulated within each chunk of 64); beta [B, T, HV]; Ai [B, T, HV, 64] bf16, T = (I + A)⁻¹
     of each chunk as kkt_solve_from_k returns it; gate_rows: the (G, β) rows as
-    chunk_cumsum(..., gate_rows=[beta]) writes them, or None to lay them out here; the rest as
-    :func:`chunk_state_output_t`.
+    chunk_cumsum(..., gate_rows=[beta]) writes them, or None to lay them out here; p_on_wu:
+    the W/U warpgroup forms each chunk's masked scores P for the output warpgroup (None:
+    :data:`P_ON_WU`); the rest (variant too) as :func:`chunk_state_output_t`.
     Returns (o [B, T, HV, 128] bf16, final state fp32 or None); raises ValueError as
     chunk_state_output_t does (naming v and Ai)."""
     check_state_inputs("forward_t", q, k, v, G, initial_state, segments,
                        (("v", v, HEAD_DIM), ("Ai", Ai, CHUNK)))
     if beta.shape != G.shape:
         raise ValueError(f"forward_t: beta {tuple(beta.shape)} is not {tuple(G.shape)}")
+    _check_variant("forward_t", variant)
     B, T, HV = G.shape
     gate_rows = _rows_given_or_laid_out("forward_t", gate_rows, [G, beta], B, T, HV)
     return _launch(q, k, Ai, v, gate_rows, scale, initial_state,
-                   output_final_state, True, NUM_STAGES, segments, True)
+                   output_final_state, True, NUM_STAGES, segments, True, variant=variant,
+                   p_on_wu=P_ON_WU if p_on_wu is None else bool(p_on_wu))
 
 
 def chunk_state_t(k, w, u, G, initial_state, output_final_state, segments=1, store_groups=2):

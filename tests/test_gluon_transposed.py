@@ -328,6 +328,41 @@ def _w_u_as_on_chip(k, v, G, beta, Ai):
 @pytest.mark.parametrize("segments", [1, 2])
 @pytest.mark.parametrize("B, T, H, HV, gate", [
     (1, 64, 1, 1, "normal"),
+    (1, 200, 1, 3, "strong"),   # GVA 3, partial last chunk, strong decay
+    (2, 200, 2, 2, "normal"),   # partial chunk whose boxes read the next sequence's rows
+    (4, 40, 1, 1, "normal"),    # T < 64: every box spans two sequences
+    (1, 4096, 2, 4, "zero"),
+])
+def test_forward_variants_give_the_same_bits(B, T, H, HV, gate, segments):
+    """forward_t with P formed by the W/U warpgroup (p_on_wu: the same products and mask, P
+    handed over in bf16 through shared memory instead of registers) and with one or two
+    staging tiles for O (O_BUFFERS) gives the default's bits; so does chunk_state_output_t
+    with two staging tiles a group against one, with one and two output groups."""
+    _hopper()
+    q, k, v, g, beta, h0, G, Ai, w, u = forward_intermediates(B, T, H, HV, True, T + HV, gate)
+    o, ht = gluon_transposed.forward_t(q, k, v, G, beta, Ai, 0.125, h0, True,
+                                       segments=segments)
+    assert torch.isfinite(o).all()
+    for kw in (dict(p_on_wu=True), dict(p_on_wu=False), dict(variant=dict(O_BUFFERS=1)),
+               dict(variant=dict(O_BUFFERS=2))):
+        o_v, ht_v = gluon_transposed.forward_t(q, k, v, G, beta, Ai, 0.125, h0, True,
+                                               segments=segments, **kw)
+        assert torch.equal(o_v, o), (kw, rel_err(o_v, o))
+        assert torch.equal(ht_v, ht), (kw, rel_err(ht_v, ht))
+    for groups in (1, 2):
+        o, ht = gluon_transposed.chunk_state_output_t(
+            q, k, w, u, G, 0.125, h0, True, segments=segments, output_groups=groups,
+            variant=dict(O_BUFFERS=1))
+        o_v, ht_v = gluon_transposed.chunk_state_output_t(
+            q, k, w, u, G, 0.125, h0, True, segments=segments, output_groups=groups,
+            variant=dict(O_BUFFERS=2))
+        assert torch.equal(o_v, o) and torch.equal(ht_v, ht), (groups, rel_err(o_v, o))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("segments", [1, 2])
+@pytest.mark.parametrize("B, T, H, HV, gate", [
+    (1, 64, 1, 1, "normal"),
     (2, 256, 2, 4, "normal"),   # GVA 2
     (1, 200, 1, 3, "strong"),   # GVA 3, partial last chunk, strong decay
     (2, 200, 2, 2, "normal"),   # partial chunk whose boxes read the next sequence's rows
