@@ -99,7 +99,7 @@ def rel_diff(x, ref):
     return ((x.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
-def bench_forward(shapes, bandwidth, fla_chunk, backward):
+def bench_forward(shapes, bandwidth, fla_chunk, backward, backward_graph=False):
     import triton
     from gdn_fused import chunk_gated_delta_rule
     from gdn_fused.kernels import fused_fwd
@@ -131,6 +131,11 @@ def bench_forward(shapes, bandwidth, fla_chunk, backward):
                                                   output_final_state=True, backend=name)
                     torch.autograd.grad(o, leaves, do)
                 row[f"{name}_fwdbwd_ms"] = triton.testing.do_bench(fwd_bwd, return_mode="median")
+                if backward_graph:
+                    # the same under a CUDA-graph replay: whether a short row's fwd+bwd is
+                    # bound by the host (about twenty launches) or by the kernels (opt-in: a
+                    # backward capture has not run on the GPU yet)
+                    row[f"{name}_fwdbwd_graph_ms"] = graph_ms(fwd_bwd)
         if uses_state_output_kernel(q, v, CHUNK, None):
             # A/B in the same run: the materialized forward with chunk_state + chunk_output in
             # place of its Gluon state + output kernel
@@ -649,7 +654,8 @@ TABLE_COLUMNS = ("B", "T", "floor ms", "fla ms", "materialized ms", "mat/fla", "
                  "mat, tl state+output ms", "fused ms", "fused/fla", "fused floor frac",
                  "fused, tl kernel ms", "gluon ms", "gluon/fla", "mat fwd+bwd ms",
                  "fused fwd+bwd ms", "fused fwd+bwd / fla fwd", "fla graph ms",
-                 "mat graph ms", "fused graph ms", "fused/fla graph")
+                 "mat graph ms", "fused graph ms", "fused/fla graph",
+                 "mat fwd+bwd graph ms", "fused fwd+bwd graph ms")
 
 
 def write_outputs(out, rows, kkt_row, bandwidth):
@@ -679,7 +685,9 @@ def write_outputs(out, rows, kkt_row, bandwidth):
                          else None),
                      # CUDA-graph replays: device time alone, where the host binds a call
                      fmt(fla_g), fmt(r.get("materialized_graph_ms")), fmt(fus_g),
-                     fmt(fus_g / fla_g if fla_g and fus_g else None)]) + " |")
+                     fmt(fus_g / fla_g if fla_g and fus_g else None),
+                     fmt(r.get("materialized_fwdbwd_graph_ms")),
+                     fmt(r.get("fused_fwdbwd_graph_ms"))]) + " |")
     if kkt_row:
         lines += ["", "kkt_solve: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                                 for k, v in kkt_row.items())]
@@ -737,6 +745,8 @@ def main(argv=None):
                    help="'anchors' (default: " + ", ".join(f"{b}:{t}" for b, t in ANCHOR_SHAPES)
                         + ") or B:T,B:T,...")
     p.add_argument("--no-backward", action="store_true", help="skip forward+backward timing")
+    p.add_argument("--backward-graph", action="store_true",
+                   help="also time forward+backward as a CUDA-graph replay (the kernels alone)")
     p.add_argument("--no-kkt", action="store_true", help="skip the kkt_solve benchmark")
     p.add_argument("--no-stages", action="store_true",
                    help="skip the per-kernel times of the materialized forward at B=1, "
@@ -772,7 +782,8 @@ def main(argv=None):
     kkt_row = None if args.no_kkt else bench_kkt_solve(bandwidth, solve_tril)
     if not args.no_stages:
         bench_stages()
-    rows = bench_forward(shapes, bandwidth, fla_chunk, not args.no_backward)
+    rows = bench_forward(shapes, bandwidth, fla_chunk, not args.no_backward,
+                         args.backward_graph)
     write_outputs(args.out, rows, kkt_row, bandwidth)
 
 

@@ -36,22 +36,25 @@ def test_backward_stage_timing_composes_every_kernel(monkeypatch):
 
 def test_outputs_table_csv_and_plot(tmp_path):
     """write_outputs on made-up rows: one table row per shape with every column (issue 5's
-    fused fwd+bwd / fla ratio and the CUDA-graph (device time) ratio included; empty where fla
-    did not run), the CSV and the PNG."""
+    fused fwd+bwd / fla ratio, the CUDA-graph (device time) ratio and the fwd+bwd graph
+    replays included; empty where fla or a replay did not run), the CSV and the PNG."""
     pytest.importorskip("matplotlib")
     from gdn_fused.eval.bench import write_outputs
     rows = [dict(B=1, T=32768, floor_ms=0.272, fla_ms=2.0, materialized_ms=1.3, fused_ms=1.4,
                  fused_tl_ms=4.0, materialized_fwdbwd_ms=6.5, fused_fwdbwd_ms=6.0,
-                 fla_graph_ms=1.9, materialized_graph_ms=1.25, fused_graph_ms=0.95),
+                 fla_graph_ms=1.9, materialized_graph_ms=1.25, fused_graph_ms=0.95,
+                 materialized_fwdbwd_graph_ms=5.5, fused_fwdbwd_graph_ms=5.25),
             dict(B=1, T=2048, floor_ms=0.017, materialized_ms=0.3, fused_ms=0.3)]
     write_outputs(tmp_path, rows, None, 4.2e12)
     table = [line for line in (tmp_path / "bench.md").read_text().splitlines()
              if line.startswith("| 1 |")]
     cells = [line.strip("|").split("|") for line in table]
-    assert len(cells) == 2 and all(len(c) == 21 for c in cells)
+    assert len(cells) == 2 and all(len(c) == 23 for c in cells)
     assert cells[0][16].strip() == "3.000" and cells[1][16].strip() == ""
-    assert [c.strip() for c in cells[0][17:]] == ["1.900", "1.250", "0.950", "0.500"]
-    assert cells[1][-1].strip() == ""  # the device-time ratio needs fla
+    assert [c.strip() for c in cells[0][17:]] == ["1.900", "1.250", "0.950", "0.500", "5.500",
+                                                  "5.250"]
+    assert cells[1][20].strip() == ""  # the device-time ratio needs fla
+    assert cells[1][21].strip() == cells[1][22].strip() == ""  # no fwd+bwd graph ran
     assert cells[0][11].strip() == "4.000"  # the plain fused kernel's column
     assert (tmp_path / "bench.csv").read_text().count("\n") == 3
     assert (tmp_path / "bench.png").stat().st_size > 0
