@@ -347,17 +347,6 @@ def bench_stages(B=1, T=32768):
                                                                   h0, True)
             stages["forward_t 1 segment"] = lambda: forward_t(q, k, v, G, beta, Ai, 0.1, h0,
                                                               True, segments=1)
-            # P formed by the W/U warpgroup or by the output one (P_ON_WU), both unsplit
-            for p_on_wu in (False, True):
-                o_p, _ = forward_t(q, k, v, G, beta, Ai, 0.1, h0, True, segments=1,
-                                   p_on_wu=p_on_wu)
-                print(f"forward_t 1 segment, P on the W/U warpgroup {p_on_wu}: rel diff vs "
-                      f"the default o {rel_diff(o_p, o_f):.2e}", flush=True)
-                stages[f"forward_t 1 segment, P on the W/U warpgroup {p_on_wu}"] = (
-                    lambda p_on_wu=p_on_wu: forward_t(q, k, v, G, beta, Ai, 0.1, h0, True,
-                                                      segments=1, p_on_wu=p_on_wu))
-            stages["forward_t, P on the W/U warpgroup"] = lambda: forward_t(
-                q, k, v, G, beta, Ai, 0.1, h0, True, p_on_wu=True)
         except Exception as e:  # experimental: report, keep the other numbers
             print(f"forward_t failed: {e!r}", flush=True)
     wu = _gluon_kernel("gluon_wu", "wu_gluon", "GDN_BENCH_SKIP_GLUON_WU")
@@ -508,11 +497,12 @@ def sweep_launch(shapes):
 
 def sweep_forward_t(shapes):
     """forward_t (the fused backend's kernel after the inverse) at each shape: by default, with
-    P formed by the W/U warpgroup (P_ON_WU) and with two staging tiles for O (O_BUFFERS = 2),
-    split as the route splits, each against the default's o; then, unsplit, its roles added
-    one at a time (the chain alone with W and U from HBM, + the W/U warpgroup, + one output
-    warpgroup, and the chain with one or two output warpgroups and W, U from HBM): what each
-    role adds to a chunk step. do_bench medians in µs."""
+    P formed by the W/U warpgroup (P_ON_WU), with two staging tiles for O (O_BUFFERS = 2) and
+    with O stored from registers (O_TMA False), split as the route splits, each against the
+    default's o; then, unsplit, its roles added one at a time (the chain alone with W and U
+    from HBM, + the W/U warpgroup, + one output warpgroup, and the chain with one or two
+    output warpgroups and W, U from HBM, the latter also storing O from registers): what
+    each role adds to a chunk step. do_bench medians in µs."""
     import triton
     forward_t = _gluon_kernel("gluon_transposed", "forward_t",
                               "GDN_BENCH_SKIP_GLUON_T_EXPERIMENTAL")
@@ -540,6 +530,9 @@ def sweep_forward_t(shapes):
                 q, k, w, u, rows_g, 0.1, h0, True, True, stages, 1, False, output_groups=1),
             "chain + two output warpgroups, W and U from HBM": lambda: gt._launch(
                 q, k, w, u, rows_g, 0.1, h0, True, True, stages, 1, False, output_groups=2),
+            "chain + two output warpgroups storing O from registers": lambda: gt._launch(
+                q, k, w, u, rows_g, 0.1, h0, True, True, stages, 1, False, output_groups=2,
+                variant=dict(O_TMA=False)),
         }
         for name, fn in roles.items():
             fn()
@@ -548,7 +541,8 @@ def sweep_forward_t(shapes):
                   f"{us / triton.cdiv(T, CHUNK):.2f} us a chunk", flush=True)
         o_ref = None
         variants = {"default": {}, "P on the W/U warpgroup": dict(p_on_wu=True),
-                    "two staging tiles for O": dict(variant=dict(O_BUFFERS=2))}
+                    "two staging tiles for O": dict(variant=dict(O_BUFFERS=2)),
+                    "O stored from registers": dict(variant=dict(O_TMA=False))}
         for name, kw in variants.items():
             o, _ = forward_t(q, k, v, G, beta, Ai, 0.1, h0, True, **kw)
             o_ref = o if o_ref is None else o_ref

@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.chunk_gate import chunk_log_decay, decay, gated_decay
 from gdn_fused.kernels.chunk_gate_bwd import chunk_gate_bwd
 from gdn_fused.kernels.chunk_index import (chunk_head_grid, chunk_program, first_chunk,
@@ -197,7 +198,8 @@ def chunk_bwd_dqkwg(q, k, v_new, h, dh, g, do, dv2, scale, chunk_size, cu_seqlen
     dw = alloc(B, T, HV, K, dtype=k.dtype, device=q.device)
     dg = alloc(NK, B, T, HV, dtype=torch.float32, device=q.device)
     NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, chunk_size)
-    chunk_bwd_dqkwg_kernel[chunk_head_grid(NT, B, HV, NK)](
+    direct.launch(
+        chunk_bwd_dqkwg_kernel, chunk_head_grid(NT, B, HV, NK),
         q, k, v_new, h, dh, g, do, dv2, dq, dk, dw, dg, cu_seqlens, chunk_indices, chunk_offsets,
         scale, T, dg.stride(0), H=H, HV=HV, K=K, V=V, BT=chunk_size,
         IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision, **config)

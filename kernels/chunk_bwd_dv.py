@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.chunk_gate import chunk_log_decay, gated_decay
 from gdn_fused.kernels.chunk_index import chunk_head_grid, chunk_head_program
 
@@ -54,7 +55,8 @@ def chunk_bwd_dv_local(q, k, g, do, scale, chunk_size, cu_seqlens=None, chunk_in
     alloc = torch.zeros if cu_seqlens is not None else torch.empty
     dv = alloc(B, T, HV, V, dtype=do.dtype, device=q.device)
     NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, chunk_size)
-    chunk_bwd_dv_local_kernel[chunk_head_grid(NT, B, HV)](
+    direct.launch(
+        chunk_bwd_dv_local_kernel, chunk_head_grid(NT, B, HV),
         q, k, g, do, dv, cu_seqlens, chunk_indices, scale, T, H=H, HV=HV, K=K, V=V,
         BT=chunk_size, BK=max(16, triton.next_power_of_2(K)),
         BV=min(64, max(16, triton.next_power_of_2(V))), IS_VARLEN=cu_seqlens is not None,

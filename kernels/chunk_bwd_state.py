@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.chunk_gate import chunk_log_decay, decay
 from gdn_fused.kernels.chunk_index import load_state_tile, state_program
 from gdn_fused.kernels.chunk_state import state_blocks, state_stages
@@ -106,10 +107,9 @@ def chunk_bwd_state(q, k, w, g, do, dv_local, scale, dht, initial_state, chunk_s
     BV = block_v or BV
     grid = (triton.cdiv(V, BV), num_seqs * HV)
     launch = {"num_stages": state_stages(grid[0] * grid[1], k.device), **launch}
-    chunk_bwd_state_kernel[grid](q, k, w, g, do, dv_local, dh, dv2, dht, dh0, cu_seqlens,
-                                 chunk_offsets, scale, T, H=H, HV=HV, K=K, V=V, BT=chunk_size,
-                                 BK=BK, BV=BV, USE_FINAL_STATE_GRAD=dht is not None,
-                                 STORE_INITIAL_STATE_GRAD=initial_state is not None,
-                                 IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision,
-                                 **launch)
+    direct.launch(chunk_bwd_state_kernel, grid, q, k, w, g, do, dv_local, dh, dv2, dht, dh0,
+                  cu_seqlens, chunk_offsets, scale, T, H=H, HV=HV, K=K, V=V, BT=chunk_size,
+                  BK=BK, BV=BV, USE_FINAL_STATE_GRAD=dht is not None,
+                  STORE_INITIAL_STATE_GRAD=initial_state is not None,
+                  IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision, **launch)
     return dh, dv2, dh0

@@ -12,8 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.chunk_index import chunk_head_grid, chunk_head_program
-from gdn_fused.kernels.launch import launch
 
 
 @triton.jit
@@ -97,6 +97,7 @@ def chunk_cumsum(g, chunk_size, cu_seqlens=None, chunk_indices=None, num_chunks=
             raise ValueError(f"chunk_cumsum: beta {tuple(beta.shape)} is not g's "
                              f"{tuple(g.shape)}")
         rows = G.new_empty(B * HV * R, NT * chunk_size)
-    launch(chunk_cumsum_kernel, chunk_head_grid(NT, B, HV), g, G, beta, rows, cu_seqlens,
-           chunk_indices, T, HV=HV, BT=chunk_size, IS_VARLEN=cu_seqlens is not None, ROWS=R)
+    direct.launch(chunk_cumsum_kernel, chunk_head_grid(NT, B, HV), g, G, beta, rows,
+                  cu_seqlens, chunk_indices, T, HV=HV, BT=chunk_size,
+                  IS_VARLEN=cu_seqlens is not None, ROWS=R)
     return G if gate_rows is None else (G, rows)

@@ -3,6 +3,7 @@ import torch
 import triton
 import triton.language as tl
 
+from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.chunk_index import (chunk_head_grid, chunk_program, first_chunk,
                                            grid_position)
 from gdn_fused.kernels.chunk_gate import gated_decay
@@ -55,7 +56,8 @@ def chunk_output(q, k, v_new, h, G, scale, chunk_size, cu_seqlens=None, chunk_in
     NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, chunk_size)
     BK = max(16, triton.next_power_of_2(K))
     BV = min(64 if BK <= 128 else 32, max(16, triton.next_power_of_2(V)))
-    chunk_output_kernel[chunk_head_grid(NT, B, HV, triton.cdiv(V, BV))](
+    direct.launch(
+        chunk_output_kernel, chunk_head_grid(NT, B, HV, triton.cdiv(V, BV)),
         q, k, v_new, h, G, o, cu_seqlens, chunk_indices, chunk_offsets, scale, T, H=H, HV=HV,
         K=K, V=V, BT=chunk_size, BK=BK, BV=BV, IS_VARLEN=cu_seqlens is not None,
         DOT_PREC=dot_precision, **launch)

@@ -8,6 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
+from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.chunk_index import load_state_tile, sm_count, state_program
 
 
@@ -98,10 +99,9 @@ def chunk_state(k, w, u, G, initial_state, output_final_state, chunk_size, num_s
     BV = block_v or BV
     grid = (triton.cdiv(V, BV), num_seqs * HV)
     launch = {"num_stages": state_stages(grid[0] * grid[1], k.device), **launch}
-    chunk_state_kernel[grid](k, w, u, G, h, v_new, initial_state, ht, cu_seqlens, chunk_offsets,
-                             T, H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK, BV=BV,
-                             USE_INITIAL_STATE=initial_state is not None,
-                             STORE_FINAL_STATE=output_final_state,
-                             IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision,
-                             **launch)
+    direct.launch(chunk_state_kernel, grid, k, w, u, G, h, v_new, initial_state, ht, cu_seqlens,
+                  chunk_offsets, T, H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK, BV=BV,
+                  USE_INITIAL_STATE=initial_state is not None,
+                  STORE_FINAL_STATE=output_final_state,
+                  IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision, **launch)
     return h, v_new, ht

@@ -52,8 +52,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
+from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.gluon_wu import TF32_DROP, _sum
-from gdn_fused.kernels.launch import launch
 
 BLOCK = gl.constexpr(16)  # diagonal block: the substitution's 15 rows, mma_v2's M
 NB = gl.constexpr(4)  # diagonal blocks of a chunk of 64
@@ -411,10 +411,9 @@ def kkt_solve_gluon(A, output_dtype=torch.float32, cu_seqlens=None, chunk_indice
         raise ValueError(f"kkt_solve_gluon: chunk size (A.shape[-1]) must be {CHUNK}, got {C}")
     Ai = torch.empty(B, T, HV, C, dtype=output_dtype, device=A.device)
     NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, C)
-    kkt_solve_gluon_kernel[(NT * B * HV,)](A, Ai, cu_seqlens, chunk_indices, T, B * HV, HV=HV,
-                                 IS_VARLEN=cu_seqlens is not None,
-                                 num_warps=NUM_WARPS,
-                                 **({} if maxnreg is None else {"maxnreg": maxnreg}))
+    direct.launch(kkt_solve_gluon_kernel, (NT * B * HV,), A, Ai, cu_seqlens, chunk_indices, T,
+                  B * HV, HV=HV, IS_VARLEN=cu_seqlens is not None, num_warps=NUM_WARPS,
+                  **({} if maxnreg is None else {"maxnreg": maxnreg}))
     return Ai
 
 
@@ -459,7 +458,8 @@ def kkt_solve_from_k_gluon(k, G, beta, num_value_heads, output_dtype=torch.float
     KA, keys, keys_smem = _key_layouts(K)
     heads = 2 if (shared_keys if shared_keys is not None else SHARED_KEYS) \
         and (HV // H) % 2 == 0 else 1
-    launch(kkt_solve_from_k_gluon_kernel, (NT * B * HV // heads,),
+    direct.launch(
+        kkt_solve_from_k_gluon_kernel, (NT * B * HV // heads,),
         k, G, beta, Ai, cu_seqlens, chunk_indices, T, B * HV // heads, H=H, HV=HV, K=K, KA=KA,
         KEYS=keys, KEYS_SMEM=keys_smem, IS_VARLEN=cu_seqlens is not None, HEADS=heads,
         num_warps=NUM_WARPS, **({} if maxnreg is None else {"maxnreg": maxnreg}))

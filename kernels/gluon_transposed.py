@@ -97,11 +97,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.gluon_ring import (LOAD_REGS, LOAD_WARPS, accumulator_layout,
                                           descriptor_layout, load_ring, ring_barriers,
                                           ring_buffers, ring_program)
 from gdn_fused.kernels.chunk_index import sm_count
-from gdn_fused.kernels.launch import launch
 from gdn_fused.kernels.gluon_wu import _sum
 
 CHUNK = 64
@@ -123,7 +123,8 @@ MAXNREG_WU = 128  # 4 + 4 + 1 + 4 warps, padded to 16: 65,536 / (16 · 32)
 # the W/U one's adds Q Kᵀ's accumulator and the mask's fp64 differences
 OUT_REGS_P = gl.constexpr(96)
 WU_REGS_P = gl.constexpr(160)
-# forward_t's default: P formed by the W/U warpgroup (measured in session 12, docs/speed_log.md)
+# forward_t's default for P_ON_WU (P formed by the W/U warpgroup): off, measured no faster in
+# session 12 (docs/speed_log.md)
 P_ON_WU = False
 # O's TMA staging tiles an output warpgroup. Leaving the O store out took forward_t's step
 # 2.19 → 2.00 µs at (1, 32768), but a second tile (each chunk's O then waits only for the
@@ -137,7 +138,7 @@ OUTPUT_GROUPS = 2
 MAXNREG_TWO_OUTPUTS = 128
 # the main launch's constexprs chunk_state_output_t's ``variant`` may set (launch variants for
 # eval.bench): Q in registers with the early stage release, the two output groups' registers
-VARIANT_KEYS = frozenset({"Q_REGS", "OUT_REGS_TWO", "O_BUFFERS"})
+VARIANT_KEYS = frozenset({"Q_REGS", "OUT_REGS_TWO", "O_BUFFERS", "O_TMA"})
 
 
 @gluon.jit
@@ -274,7 +275,7 @@ def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv
                       HV: gl.constexpr, V: gl.constexpr, STORE_H: gl.constexpr, h,
                       group: gl.constexpr = 0, GROUPS: gl.constexpr = 1,
                       Q_REGS: gl.constexpr = True, p_bufs=None, p_ready=None,
-                      P_ON_WU: gl.constexpr = False):
+                      P_ON_WU: gl.constexpr = False, O_TMA: gl.constexpr = True):
     """Per chunk: P = (Q Kᵀ) ⊙ M and, once the chain has put h_c and V' in shared memory,
     O = scale (D_{e^G} Q h_c + P V') into o; with STORE_H, h_c and V' into h and o instead.
 
@@ -284,6 +285,7 @@ def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv
     has both forms' times). h_c and V' are released on their own barrier (sv_empty) once O's
     products have read them.
 
+    O_TMA False: every chunk's O is stored from registers (as a partial chunk's always is).
     With GROUPS output warpgroups, this one (``group``) takes chunks j ≡ group (mod GROUPS),
     always the same ring stage(s), and its own staging tiles of o_smem ([GROUPS · n, C, BV]:
     n a group, taken in turn, so that a chunk's O waits only for the TMA store n chunks
@@ -343,7 +345,7 @@ def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv
             mbarrier.arrive(empty.index(s), count=1)
         out = (b_o * scale).to(o_desc.dtype)
         row = bos + i_t * BT
-        if (i_t + 1) * BT <= T:
+        if O_TMA and (i_t + 1) * BT <= T:
             # the TMA store that last read this staging tile (O_BUFS of this group's chunks
             # back) must be done before it is rewritten; the newer ones may still run
             tile = o_smem.index(group * O_BUFS + (j // GROUPS) % O_BUFS)
@@ -353,7 +355,8 @@ def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv
             gl.thread_barrier()
             tma.async_copy_shared_to_global(o_desc, [row, col], tile)
         else:
-            # a partial chunk: a TMA box would write into the next sequence's rows
+            # a partial chunk (a TMA box would write into the next sequence's rows), or every
+            # chunk without O_TMA: stored from registers
             o_v = gl.arange(0, BVr, layout=gl.SliceLayout(0, acc))
             gl.store(o + (row + o_t).to(gl.int64)[:, None] * (HV * V) + col + o_v[None, :],
                      out, mask=valid[:, None])
@@ -465,7 +468,8 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
                                 Q_REGS: gl.constexpr = True,
                                 OUT_REGS_TWO: gl.constexpr = OUT_REGS,
                                 P_ON_WU: gl.constexpr = False,
-                                O_BUFFERS: gl.constexpr = O_STAGING):
+                                O_BUFFERS: gl.constexpr = O_STAGING,
+                                O_TMA: gl.constexpr = True):
     """Grid (SW / BV, B·HV, segments). MAP: the state pass alone over the K + V columns of
     [M | b] from [I | 0] (SW = K + V) for segments 0 … NS − 2, each stored to ht's segment
     slab; else the pass with the output over segment i_seg (SW = V), starting from h0's
@@ -476,7 +480,8 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
     OUT_GROUPS = 2 (with OUTPUT or STORE_H, without WU): two output (or store) warpgroups take
     alternate chunks. P_ON_WU (with WU and OUTPUT): the W/U warpgroup forms each chunk's
     masked scores P for the output warpgroup (8 KB a stage more shared memory). O_BUFFERS:
-    TMA staging tiles of O an output warpgroup (8 KB each)."""
+    TMA staging tiles of O an output warpgroup (8 KB each); O_TMA False: O stored from
+    registers by every thread (gl.store), no staging tile, fence or barrier."""
     gl.static_assert(OUT_GROUPS == 1 or ((OUTPUT or STORE_H) and not WU),
                      "two output groups need the output or STORE_H")
     gl.static_assert(not (STORE_H and (OUTPUT or MAP)), "STORE_H replaces the output")
@@ -573,7 +578,7 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
             (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                  sv_ready, sv_empty, o_smem, o_desc, o, scale, T, c0,
                                  n if HANDOFF else 0, i_n, i_hv, i_v, HV, V, STORE_H, h, 0, 1,
-                                 Q_REGS, p_bufs, p_ready, P_WU)),
+                                 Q_REGS, p_bufs, p_ready, P_WU, O_TMA)),
             (load_ring, (ring[0], ring[1], ring[2], (ready, empty), i_n * T + c0 * BT, n,
                          g_desc, g_bufs, g_row, c0 * BT)),
             (_wu_partition, (k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, wp_bufs, up_bufs,
@@ -590,10 +595,12 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
                                 HANDOFF, MAP, NS, WU)),
             (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                  sv_ready, sv_empty, o_smem, o_desc, o, scale, T, c0,
-                                 n, i_n, i_hv, i_v, HV, V, STORE_H, h, 0, 2, Q_REGS)),
+                                 n, i_n, i_hv, i_v, HV, V, STORE_H, h, 0, 2, Q_REGS, None,
+                                 None, False, O_TMA)),
             (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                  sv_ready, sv_empty, o_smem, o_desc, o, scale, T, c0,
-                                 n, i_n, i_hv, i_v, HV, V, STORE_H, h, 1, 2, Q_REGS)),
+                                 n, i_n, i_hv, i_v, HV, V, STORE_H, h, 1, 2, Q_REGS, None,
+                                 None, False, O_TMA)),
             (load_ring, (ring[0], ring[1], ring[2], (ready, empty), i_n * T + c0 * BT, n,
                          g_desc, g_bufs, g_row, c0 * BT)),
         ], [OUT_WARPS, OUT_WARPS, LOAD_WARPS], [OUT_REGS_TWO, OUT_REGS_TWO, LOAD_REGS])
@@ -607,7 +614,7 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
             (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                  sv_ready, sv_empty, o_smem, o_desc, o, scale, T, c0,
                                  n if HANDOFF else 0, i_n, i_hv, i_v, HV, V, STORE_H, h, 0, 1,
-                                 Q_REGS)),
+                                 Q_REGS, None, None, False, O_TMA)),
             (load_ring, (ring[0], ring[1], ring[2], (ready, empty), i_n * T + c0 * BT, n,
                          g_desc, g_bufs, g_row, c0 * BT)),
         ], [OUT_WARPS, LOAD_WARPS], [OUT_REGS, LOAD_REGS])
@@ -758,16 +765,16 @@ def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_fina
     if NS > 1:
         # the maps [M | b] of segments 0 … NS − 2 (the only HBM besides o and the state)
         maps = q.new_empty(NS - 1, B, HV, K, K + V, dtype=torch.float32)
-        launch(chunk_state_output_t_kernel, ((K + V) // BV, B * HV, NS - 1),
-               *descs, o, None, maps, float(scale), T, USE_INITIAL_STATE=False,
-               STORE_FINAL_STATE=True, OUTPUT=False, MAP=True, maxnreg=cap, **consts)
+        direct.launch(chunk_state_output_t_kernel, ((K + V) // BV, B * HV, NS - 1),
+                      *descs, o, None, maps, float(scale), T, USE_INITIAL_STATE=False,
+                      STORE_FINAL_STATE=True, OUTPUT=False, MAP=True, maxnreg=cap, **consts)
         h0 = compose_segment_states(maps, h0, B, HV)
-    launch(chunk_state_output_t_kernel, (V // BV, B * HV, NS),
-           *descs, o, h0, ht, float(scale), T, USE_INITIAL_STATE=h0 is not None,
-           STORE_FINAL_STATE=output_final_state, OUTPUT=output, MAP=False,
-           STORE_H=h is not None, h=h, OUT_GROUPS=output_groups, **(variant or {}),
-           **({"P_ON_WU": True} if p_on_wu else {}),
-           maxnreg=MAXNREG_TWO_OUTPUTS if output_groups == 2 else cap, **consts)
+    direct.launch(chunk_state_output_t_kernel, (V // BV, B * HV, NS),
+                  *descs, o, h0, ht, float(scale), T, USE_INITIAL_STATE=h0 is not None,
+                  STORE_FINAL_STATE=output_final_state, OUTPUT=output, MAP=False,
+                  STORE_H=h is not None, h=h, OUT_GROUPS=output_groups, **(variant or {}),
+                  **({"P_ON_WU": True} if p_on_wu else {}),
+                  maxnreg=MAXNREG_TWO_OUTPUTS if output_groups == 2 else cap, **consts)
     return (o if output or h is not None else None), ht
 
 

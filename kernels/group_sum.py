@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from gdn_fused.kernels import launch as direct
+
 ROWS = 32  # (token, head) rows a program
 
 
@@ -48,6 +50,6 @@ def group_sum(x, num_heads, dtype):
         return x
     y = torch.empty(B, T, num_heads, K, dtype=dtype, device=x.device)
     N = B * T * num_heads
-    group_sum_kernel[(triton.cdiv(N, ROWS),)](x, y, N, GROUP=HV // num_heads, K=K,
-                                              BK=triton.next_power_of_2(K), BR=ROWS)
+    direct.launch(group_sum_kernel, (triton.cdiv(N, ROWS),), x, y, N, GROUP=HV // num_heads,
+                  K=K, BK=triton.next_power_of_2(K), BR=ROWS)
     return y

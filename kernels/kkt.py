@@ -3,6 +3,7 @@ import torch
 import triton
 import triton.language as tl
 
+from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.chunk_gate import gated_decay
 from gdn_fused.kernels.chunk_index import chunk_head_grid, chunk_head_program
 
@@ -41,7 +42,8 @@ def chunk_kkt(k, G, beta, num_value_heads, chunk_size, cu_seqlens=None, chunk_in
     HV = num_value_heads
     A = torch.empty(B, T, HV, chunk_size, dtype=torch.float32, device=k.device)
     NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, chunk_size)
-    chunk_kkt_kernel[chunk_head_grid(NT, B, HV)](
+    direct.launch(
+        chunk_kkt_kernel, chunk_head_grid(NT, B, HV),
         k, G, beta, A, cu_seqlens, chunk_indices, T, H=H, HV=HV, K=K, BT=chunk_size,
         BK=max(16, triton.next_power_of_2(K)), IS_VARLEN=cu_seqlens is not None,
         DOT_PREC=dot_precision(k.dtype))

@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.chunk_index import chunk_head_grid, chunk_head_program
 from gdn_fused.kernels.chunk_gate import gated_decay
 
@@ -458,7 +459,8 @@ def kkt_solve(A, output_dtype=torch.float32, cu_seqlens=None, chunk_indices=None
         return kkt_solve_gluon(A, output_dtype, cu_seqlens, chunk_indices, num_chunks, maxnreg)
     Ai = torch.empty(B, T, HV, C, dtype=output_dtype, device=A.device)
     NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, C)
-    kkt_solve_kernel[chunk_head_grid(NT, B, HV)](
+    direct.launch(
+        kkt_solve_kernel, chunk_head_grid(NT, B, HV),
         A, None, None, None, Ai, cu_seqlens, chunk_indices, T, H=1, HV=HV, K=16, BT=C, BK=16,
         IS_VARLEN=cu_seqlens is not None, BUILD=False, METHOD=solve_method, NS_ITERS=iters,
         DOT_PREC=dot_precision, DIAG=diag, PREFETCH=prefetch,
@@ -511,7 +513,8 @@ def kkt_solve_from_k(k, G, beta, num_value_heads, chunk_size, output_dtype=torch
                                       num_chunks, maxnreg)
     Ai = torch.empty(B, T, HV, C, dtype=output_dtype, device=k.device)
     NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, C)
-    kkt_solve_kernel[chunk_head_grid(NT, B, HV)](
+    direct.launch(
+        kkt_solve_kernel, chunk_head_grid(NT, B, HV),
         None, k, G, beta, Ai, cu_seqlens, chunk_indices, T, H=H, HV=HV, K=K, BT=C,
         BK=max(16, triton.next_power_of_2(K)), IS_VARLEN=cu_seqlens is not None, BUILD=True,
         METHOD=solve_method, NS_ITERS=iters, DOT_PREC=dot_precision, DIAG=diag,

@@ -11,14 +11,17 @@ microseconds are the call's time.
 
 :func:`launch` keeps each compiled kernel under a key made from what Triton 3.6 specialises
 on — per argument: a tensor's dtype and whether its address is a multiple of 16; an int's
-32/64-bit width and whether it equals 1 or is a multiple of 16; a Gluon descriptor's dtype,
-block shape, rank, layout and padding; a constexpr's value — plus the launch options and the
-device. The first call of a key goes through ``kernel[grid]`` (which compiles and launches);
-later ones call the compiled kernel's launcher (with Triton's launch hooks, so profilers still
-see them). An argument of any other type, a kernel with pre-run hooks, or the interpreter
-(TRITON_INTERPRET=1, whose kernels are not JIT functions) takes the plain path every time.
-Unlike Triton's path, the direct one does not re-check that the kernel's globals are unchanged
-since compilation (no kernel here reads a global that changes).
+width (i32, i64 or u64) and whether it equals 1 or is a multiple of 16; a Gluon descriptor's
+dtype, block shape, rank, layout and padding; a constexpr's type and value (floats by repr)
+— plus the launch options, Triton's debug and instrumentation switches and the device. The
+first call of a key goes through ``kernel[grid]`` (which compiles and launches); later ones
+call the compiled kernel's launcher (with Triton's launch hooks, so profilers still see them),
+as long as that kernel is still in the JIT function's own cache (emptying it, as
+eval.wgmma_hazards does, means a recompile here too). An argument of any other type, a grid
+that is not a tuple, a kernel with pre-run hooks, or the interpreter (TRITON_INTERPRET=1,
+whose kernels are not JIT functions) takes the plain path every time. Unlike Triton's path,
+the direct one does not re-check that the kernel's globals are unchanged since compilation
+(no kernel here reads a global that changes).
 """
 from __future__ import annotations
 
@@ -30,9 +33,11 @@ from triton.runtime.jit import JITFunction
 # set False to launch through Triton's JIT every time (A/B of the host time)
 DIRECT = True
 
-_kernels: dict = {}  # (kernel, device, options, argument keys) → CompiledKernel
-_params: dict = {}  # kernel → (names, constexpr flags, defaults) of its parameters
+# (kernel, device, argument keys, keyword keys) → (CompiledKernel, the JIT cache it is in)
+_kernels: dict = {}
+_params: dict = {}  # id(kernel) → (kernel, its parameters' names, constexpr flags, defaults, …)
 _INT32 = (-2 ** 31, 2 ** 31 - 1)
+_INT64 = (-2 ** 63, 2 ** 63 - 1)
 
 
 class _Unknown(Exception):
@@ -45,7 +50,16 @@ def _argument_key(x):
     if kind is torch.Tensor or isinstance(x, torch.Tensor):
         return x.dtype, x.data_ptr() & 15 == 0
     if kind is int:
-        return "i", x == 1, x & 15 == 0, _INT32[0] <= x <= _INT32[1]
+        # Triton types an int i32, i64 or u64 by its value (and refuses wider ones)
+        if _INT32[0] <= x <= _INT32[1]:
+            width = "i32"
+        elif _INT64[0] <= x <= _INT64[1]:
+            width = "i64"
+        elif 0 <= x < 2 ** 64:
+            width = "u64"
+        else:
+            raise _Unknown
+        return width, x == 1, x & 15 == 0
     if kind is float or kind is bool or x is None:
         return kind
     if kind is TensorDescriptor:
@@ -53,41 +67,69 @@ def _argument_key(x):
     raise _Unknown
 
 
+def _constexpr_key(x):
+    """A constexpr's value as Triton tells values apart (it keys on their str): by type too,
+    so True, 1 and 1.0 differ, and floats by repr, so 0.0 and −0.0 differ and NaN matches."""
+    kind = type(x)
+    if kind is float:
+        return kind, repr(x)
+    if kind is tuple:
+        return kind, tuple(map(_constexpr_key, x))
+    return kind, x
+
+
+def _driver():
+    """Triton's active driver (a function, so that CPU tests can stand one in)."""
+    return triton.runtime.driver.active
+
+
 def _parameters(kernel):
     """(names, constexpr flags, defaults, names of the non-constexpr parameters) of kernel."""
-    p = _params.get(kernel)
-    if p is None:
+    p = _params.get(id(kernel))  # (by identity, as the launch key; the kernel is kept in it)
+    if p is None or p[0] is not kernel:
         names = [q.name for q in kernel.params]
-        p = _params[kernel] = (names, [q.is_constexpr for q in kernel.params],
-                               [q.default for q in kernel.params],
-                               frozenset(q.name for q in kernel.params if not q.is_constexpr))
-    return p
+        p = _params[id(kernel)] = (
+            kernel, names, [q.is_constexpr for q in kernel.params],
+            [q.default for q in kernel.params],
+            frozenset(q.name for q in kernel.params if not q.is_constexpr))
+    return p[1:]
 
 
 def launch(kernel, grid, *args, **kwargs):
     """``kernel[grid](*args, **kwargs)``, the compiled kernel launched directly after the
     first call of the same specialisation (module docstring). grid: a tuple of 1–3 ints."""
-    if not DIRECT or not isinstance(kernel, JITFunction) or kernel.pre_run_hooks:
+    if (not DIRECT or not isinstance(kernel, JITFunction) or kernel.pre_run_hooks
+            or type(grid) is not tuple):
         return kernel[grid](*args, **kwargs)
     names, constexpr, defaults, runtime = _parameters(kernel)
-    driver = triton.runtime.driver.active
+    driver = _driver()
     device = driver.get_current_device()
     try:
         # keyword arguments and options by value, runtime arguments by what Triton
         # specialises them on; parameters left to their defaults are the same every call
-        key = (kernel, device,
-               tuple(a if c else _argument_key(a) for a, c in zip(args, constexpr)),
-               tuple((k, _argument_key(v)) if k in runtime else (k, v)
+        # (the kernel by identity: JITFunction hashes its source under a lock; a reused id
+        # of a collected kernel cannot match, as the entry must be in the kernel's own cache)
+        # Triton's run() also adds the debug and instrumentation switches to the options
+        knobs = triton.knobs
+        key = (id(kernel), device, knobs.runtime.debug, knobs.compilation.instrumentation_mode,
+               tuple(_constexpr_key(a) if c else _argument_key(a)
+                     for a, c in zip(args, constexpr)),
+               tuple((k, _argument_key(v) if k in runtime else _constexpr_key(v))
                      for k, v in kwargs.items()))
-        compiled = _kernels.get(key)
+        entry = _kernels.get(key)
     except (_Unknown, TypeError):  # TypeError: an unhashable constexpr
         return kernel[grid](*args, **kwargs)
-    if compiled is None:
+    # valid while Triton's own cache of the kernel is the one it was compiled into: code that
+    # empties fn.device_caches (eval.wgmma_hazards, to recompile and scan) gets a recompile
+    # here too, not a kernel compiled before
+    caches = kernel.device_caches.get(device)
+    if entry is None or caches is None or entry[1] is not caches[0]:
         compiled = kernel[grid](*args, **kwargs)
         if hasattr(compiled, "result"):  # an asynchronous compile's future
             compiled = compiled.result()
-        _kernels[key] = compiled
+        _kernels[key] = (compiled, kernel.device_caches[device][0])
         return compiled
+    compiled = entry[0]
     n = len(args)
     values = [*args, *(kwargs.get(name, default)
                        for name, default in zip(names[n:], defaults[n:]))]

@@ -8,6 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
+from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.chunk_index import sequence_program
 from gdn_fused.kernels.materialized import contiguous
 
@@ -56,7 +57,8 @@ def fused_recurrent_fwd(q, k, v, g, beta, scale, initial_state, output_final_sta
     ht = q.new_empty(N, HV, K, V, dtype=torch.float32) if output_final_state else None
     BK = triton.next_power_of_2(K)
     BV = min(32, triton.next_power_of_2(V))  # small V-blocks: more programs for tiny batches
-    recurrent_kernel[(triton.cdiv(V, BV), N * HV)](
+    direct.launch(
+        recurrent_kernel, (triton.cdiv(V, BV), N * HV),
         q, k, v, g, beta, o, initial_state, ht, cu_seqlens, scale, T, H=H, HV=HV, K=K, V=V,
         BK=BK, BV=BV, USE_INITIAL_STATE=initial_state is not None,
         STORE_FINAL_STATE=output_final_state, IS_VARLEN=cu_seqlens is not None)

@@ -3,6 +3,7 @@ import torch
 import triton
 import triton.language as tl
 
+from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.chunk_index import chunk_head_grid, chunk_head_program
 
 
@@ -58,7 +59,8 @@ def recompute_w_u(k, v, G, beta, Ai, cu_seqlens=None, chunk_indices=None, num_ch
     w = torch.empty(B, T, HV, K, dtype=k.dtype, device=k.device)
     u = torch.empty_like(v)
     NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, C)
-    wu_kernel[chunk_head_grid(NT, B, HV)](
+    direct.launch(
+        wu_kernel, chunk_head_grid(NT, B, HV),
         k, v, G, beta, Ai, w, u, cu_seqlens, chunk_indices, T, H=H, HV=HV, K=K, V=V, BT=C,
         BK=max(16, triton.next_power_of_2(K)), BV=min(64, max(16, triton.next_power_of_2(V))),
         IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision,

@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.chunk_bwd_dqkwg import key_block
 from gdn_fused.kernels.chunk_gate import chunk_log_decay, decay
 from gdn_fused.kernels.chunk_gate_bwd import chunk_gate_bwd
@@ -146,7 +147,8 @@ def wu_bwd(k, v, g, beta, Ai, dw, dv2, dk, dg_part, chunk_size, cu_seqlens=None,
     NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, chunk_size)
     # dg_part's key blocks are dg_part.stride(0) apart (B·T·HV)
     launch = {"num_stages": STAGES, **launch}
-    wu_bwd_kernel[chunk_head_grid(NT, B, HV)](
+    direct.launch(
+        wu_bwd_kernel, chunk_head_grid(NT, B, HV),
         k, v, g, beta, Ai, dw, dv2, dk, dg_part, dv, dbeta, dg, cu_seqlens, chunk_indices, T,
         dg_part.stride(0), NK=triton.cdiv(K, BK), NKP=dg_part.shape[0], H=H, HV=HV, K=K, V=V,
         BT=chunk_size, BK=BK,
