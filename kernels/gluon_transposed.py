@@ -138,7 +138,7 @@ OUTPUT_GROUPS = 2
 MAXNREG_TWO_OUTPUTS = 128
 # the main launch's constexprs chunk_state_output_t's ``variant`` may set (launch variants for
 # eval.bench): Q in registers with the early stage release, the two output groups' registers
-VARIANT_KEYS = frozenset({"Q_REGS", "OUT_REGS_TWO", "O_BUFFERS", "O_TMA"})
+VARIANT_KEYS = frozenset({"Q_REGS", "OUT_REGS_TWO", "O_BUFFERS", "O_TMA", "WU_AFTER_X"})
 
 
 @gluon.jit
@@ -172,7 +172,8 @@ def _masked_scores(qk, b_G, b_Gj, valid, o_t, o_j):
 
 @gluon.jit
 def _wu_partition(k_bufs, t_bufs, v_bufs, g_bufs, ready, empty, wp_bufs, up_bufs, wu_ready,
-                  c0, n, q_bufs, p_bufs, p_ready, sv_empty, T, P_ON_WU: gl.constexpr):
+                  c0, n, q_bufs, p_bufs, p_ready, sv_empty, T, P_ON_WU: gl.constexpr,
+                  x_done=None, WU_AFTER_X: gl.constexpr = False):
     """Per chunk, W = T D_{βe^G} K and U = T D_β V into stage i_t % STAGES of wp_bufs / up_bufs,
     from the ring's T (bf16 [C, C]), k and v tiles: D scales T's columns in registers (the A
     operand), so k and v enter the products as loaded. (recompute_w_u scales k's and v's rows
@@ -180,7 +181,9 @@ def _wu_partition(k_bufs, t_bufs, v_bufs, g_bufs, ready, empty, wp_bufs, up_bufs
     chunk's P = (Q Kᵀ) ⊙ M into p_bufs (ready on p_ready) for the output warpgroup, once that
     warpgroup has read the stage's previous P (sv_empty, which it arrives on after its
     products): P does not depend on the state, so the output's chunk, the longest role a
-    step, shrinks to its two products after the chain."""
+    step, shrinks to its two products after the chain. WU_AFTER_X: W's and U's products of
+    chunk j wait until the chain's S Wᵀ of chunk j − 1 has retired (x_done: a timing signal
+    only, no data passes through it)."""
     BT: gl.constexpr = k_bufs.type.shape[1]
     K: gl.constexpr = k_bufs.type.shape[2]
     BVr: gl.constexpr = v_bufs.type.shape[2]
@@ -200,6 +203,10 @@ def _wu_partition(k_bufs, t_bufs, v_bufs, g_bufs, ready, empty, wp_bufs, up_bufs
         # β is 0 past T (the gate rows are zero-padded), so those columns of T drop out
         a = gl.convert_layout((t * (b_beta * gl.exp(b_G.to(gl.float32)))[None, :])
                               .to(gl.bfloat16), a_w)
+        if WU_AFTER_X and j > 0:
+            # issue W's and U's products once the chain's S Wᵀ of the previous chunk has
+            # retired: in the chain's vector work, not queued beside its products
+            mbarrier.wait(x_done.index((j - 1) % STAGES), ((j - 1) // STAGES) & 1)
         b_w = warpgroup_mma(a, k_bufs.index(s), gl.zeros([BT, K], gl.float32, acc_k),
                             use_acc=False)
         wp_bufs.index(s).store(b_w.to(gl.bfloat16))
@@ -379,7 +386,7 @@ def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_b
                      HV: gl.constexpr, K: gl.constexpr, SW: gl.constexpr,
                      USE_INITIAL_STATE: gl.constexpr, STORE_FINAL_STATE: gl.constexpr,
                      HANDOFF: gl.constexpr, MAP: gl.constexpr, NS: gl.constexpr,
-                     WU: gl.constexpr):
+                     WU: gl.constexpr, x_done=None, WU_AFTER_X: gl.constexpr = False):
     """The state recurrence (w_bufs / u_bufs: the ring's W and U tiles, or with WU the W/U
     warpgroup's, ready on wu_ready); HANDOFF: hand h_c and V' to the second warpgroup."""
     BT: gl.constexpr = k_bufs.type.shape[1]
@@ -428,6 +435,8 @@ def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_b
         gam = gl.exp(G_last.to(gl.float32))
         # register operands stay live (deps) until the products reading them have retired
         X, s_op = warpgroup_mma_wait(num_outstanding=0, deps=[X, s_op])
+        if WU_AFTER_X:
+            mbarrier.arrive(x_done.index(s), count=1)  # the W/U warpgroup's cue (timing only)
         # (u read before the wait: ptxas then spills with two output warpgroups and the
         # kernel was slower, 791 → 845 µs; docs/speed_log.md)
         vn = u_bufs.index(s).permute((1, 0)).load(acc_t).to(gl.float32)
@@ -469,7 +478,8 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
                                 OUT_REGS_TWO: gl.constexpr = OUT_REGS,
                                 P_ON_WU: gl.constexpr = False,
                                 O_BUFFERS: gl.constexpr = O_STAGING,
-                                O_TMA: gl.constexpr = True):
+                                O_TMA: gl.constexpr = True,
+                                WU_AFTER_X: gl.constexpr = False):
     """Grid (SW / BV, B·HV, segments). MAP: the state pass alone over the K + V columns of
     [M | b] from [I | 0] (SW = K + V) for segments 0 … NS − 2, each stored to ht's segment
     slab; else the pass with the output over segment i_seg (SW = V), starting from h0's
@@ -481,7 +491,9 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
     alternate chunks. P_ON_WU (with WU and OUTPUT): the W/U warpgroup forms each chunk's
     masked scores P for the output warpgroup (8 KB a stage more shared memory). O_BUFFERS:
     TMA staging tiles of O an output warpgroup (8 KB each); O_TMA False: O stored from
-    registers by every thread (gl.store), no staging tile, fence or barrier."""
+    registers by every thread (gl.store), no staging tile, fence or barrier. WU_AFTER_X (with
+    WU): the W/U warpgroup issues a chunk's products only once the chain's S Wᵀ of the
+    previous chunk has retired."""
     gl.static_assert(OUT_GROUPS == 1 or ((OUTPUT or STORE_H) and not WU),
                      "two output groups need the output or STORE_H")
     gl.static_assert(not (STORE_H and (OUTPUT or MAP)), "STORE_H replaces the output")
@@ -558,6 +570,14 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
         for i in gl.static_range(STAGES):
             mbarrier.init(wu_ready.index(i), count=1)
         P_WU: gl.constexpr = P_ON_WU and OUTPUT
+        if WU_AFTER_X:
+            # the chain's cue to the W/U warpgroup
+            x_done = gl.allocate_shared_memory(gl.int64, [STAGES, 1],
+                                               mbarrier.MBarrierLayout())
+            for i in gl.static_range(STAGES):
+                mbarrier.init(x_done.index(i), count=1)
+        else:
+            x_done = wu_ready  # unused
         if P_WU:
             # P of each stage, formed by the W/U warpgroup for the output warpgroup
             p_bufs = gl.allocate_shared_memory(
@@ -574,7 +594,7 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
             (_chain_partition, (k_bufs, wp_bufs, up_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                 sv_ready, sv_empty, wu_ready, h0, ht, T, c0, n, i_n, i_hv,
                                 i_v, i_seg, HV, K, SW, USE_INITIAL_STATE, STORE_FINAL_STATE,
-                                HANDOFF, MAP, NS, WU)),
+                                HANDOFF, MAP, NS, WU, x_done, WU_AFTER_X)),
             (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                  sv_ready, sv_empty, o_smem, o_desc, o, scale, T, c0,
                                  n if HANDOFF else 0, i_n, i_hv, i_v, HV, V, STORE_H, h, 0, 1,
@@ -582,7 +602,8 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
             (load_ring, (ring[0], ring[1], ring[2], (ready, empty), i_n * T + c0 * BT, n,
                          g_desc, g_bufs, g_row, c0 * BT)),
             (_wu_partition, (k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, wp_bufs, up_bufs,
-                             wu_ready, c0, n, q_bufs, p_bufs, p_ready, sv_empty, T, P_WU)),
+                             wu_ready, c0, n, q_bufs, p_bufs, p_ready, sv_empty, T, P_WU,
+                             x_done, WU_AFTER_X)),
         ], [OUT_WARPS, LOAD_WARPS, WU_WARPS],
             [OUT_REGS_P if P_WU else OUT_REGS, LOAD_REGS, WU_REGS_P if P_WU else WU_REGS])
     elif OUT_GROUPS == 2:

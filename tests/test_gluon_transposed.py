@@ -336,12 +336,13 @@ def _w_u_as_on_chip(k, v, G, beta, Ai):
 def test_forward_variants_give_the_same_bits(B, T, H, HV, gate, segments):
     """forward_t with P formed by the W/U warpgroup (p_on_wu: the same products and mask, P
     handed over in bf16 through shared memory instead of registers), with one or two
-    staging tiles for O (O_BUFFERS), both together, and with O stored from registers (O_TMA
-    False) gives the default's bits; so does chunk_state_output_t with two staging tiles a
+    staging tiles for O (O_BUFFERS), both together, with O stored from registers (O_TMA
+    False) and with the W/U products cued by the chain (WU_AFTER_X: a timing signal only)
+    gives the default's bits; so does chunk_state_output_t with two staging tiles a
     group and with O stored from registers against one tile, with one and two output groups.
     Every variant writes into outputs that start as NaN (no block still holding the default's
-    result). (O_TMA False has not run on a GPU yet: written in session 12 after the last
-    device call.)"""
+    result). (O_TMA False and WU_AFTER_X have not run on a GPU yet: written in session 12
+    after the last device call.)"""
     _hopper()
     q, k, v, g, beta, h0, G, Ai, w, u = forward_intermediates(B, T, H, HV, True, T + HV, gate)
     o, ht = gluon_transposed.forward_t(q, k, v, G, beta, Ai, 0.125, h0, True,
@@ -350,7 +351,7 @@ def test_forward_variants_give_the_same_bits(B, T, H, HV, gate, segments):
     kept = []
     for kw in (dict(p_on_wu=True), dict(variant=dict(O_BUFFERS=1)),
                dict(variant=dict(O_BUFFERS=2)), dict(p_on_wu=True, variant=dict(O_BUFFERS=2)),
-               dict(variant=dict(O_TMA=False))):
+               dict(variant=dict(O_TMA=False)), dict(variant=dict(WU_AFTER_X=True))):
         torch.full_like(o, float("nan")), torch.full_like(ht, float("nan"))
         kept.append(gluon_transposed.forward_t(q, k, v, G, beta, Ai, 0.125, h0, True,
                                                segments=segments, **kw))
