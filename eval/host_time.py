@@ -103,11 +103,11 @@ def _jit_launches(fn):
     """fn() with kernels/launch.py's direct launches off (every launch through Triton's JIT;
     the switch costs two attribute writes, not a mock.patch, to stay out of the timing)."""
     from gdn_fused.kernels import launch
-    launch.DIRECT = False
+    was, launch.DIRECT = launch.DIRECT, False
     try:
         return fn()
     finally:
-        launch.DIRECT = True
+        launch.DIRECT = was
 
 
 def breakdown(B, T, profile=False):

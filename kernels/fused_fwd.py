@@ -43,6 +43,7 @@ import triton
 import triton.language as tl
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
+from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.chunk_gate import gated_decay
 from gdn_fused.kernels.chunk_index import sm_count
 from gdn_fused.kernels.kkt_solve import invert_diagonal_blocks
@@ -451,7 +452,8 @@ def _fused_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
         seg_maps = fused_split.segment_maps(k, v, g, beta, Ai, cu_seqlens, N, num_segments,
                                             chunk_size, BV, precision, options)
     grid = (N * HV * (V // BV), num_segments)
-    _fused_fwd_kernel[grid](
+    direct.launch(
+        _fused_fwd_kernel, grid,
         q, k, v, g, beta, Ai, o, initial_state, ht, seg_maps, cu_seqlens, scale, T, N,
         *_strides(q), *_strides(v), *_strides(g),
         H=H, HV=HV, K=K, V=V, BV=BV, C=chunk_size, SUB=SUB, NUM_SEG=num_segments,

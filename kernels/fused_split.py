@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.fused_fwd import (SUB, _chunk_gate_inverse_or_load, _delta_values,
                                          _head_pointers, _load_chunk_rows, _program_coords,
                                          _segment_chunks, _seq_bounds, _state_step, _strides)
@@ -107,7 +108,8 @@ def segment_maps(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.
     BV = math.gcd(BV, K)
     maps = torch.empty(N, HV, num_segments - 1, K, K + V, dtype=torch.float32, device=k.device)
     grid = (N * HV * ((K + V) // BV), num_segments - 1)
-    _segment_map_kernel[grid](
+    direct.launch(
+        _segment_map_kernel, grid,
         k, v, g, beta, Ai, maps, cu_seqlens, T, *_strides(k), *_strides(v), *_strides(g),
         H=H, HV=HV, K=K, V=V, BV=BV, C=chunk_size, SUB=SUB, NUM_SEG=num_segments,
         VARLEN=cu_seqlens is not None, LOAD_T=Ai is not None, STATE_PRECISION=state_precision,

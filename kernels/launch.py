@@ -13,7 +13,8 @@ microseconds are the call's time.
 on — per argument: a tensor's dtype and whether its address is a multiple of 16; an int's
 width (i32, i64 or u64) and whether it equals 1 or is a multiple of 16; a Gluon descriptor's
 dtype, block shape, rank, layout and padding; a constexpr's type and value (floats by repr)
-— plus the launch options, Triton's debug and instrumentation switches and the device. The
+— plus the launch options, Triton's debug, instrumentation, target-override and fp-fusion
+switches and the device. The
 first call of a key goes through ``kernel[grid]`` (which compiles and launches); later ones
 call the compiled kernel's launcher (with Triton's launch hooks, so profilers still see them),
 as long as that kernel is still in the JIT function's own cache (emptying it, as
@@ -24,6 +25,8 @@ the direct one does not re-check that the kernel's globals are unchanged since c
 (no kernel here reads a global that changes).
 """
 from __future__ import annotations
+
+import numbers
 
 import torch
 import triton
@@ -69,12 +72,15 @@ def _argument_key(x):
 
 def _constexpr_key(x):
     """A constexpr's value as Triton tells values apart (it keys on their str): by type too,
-    so True, 1 and 1.0 differ, and floats by repr, so 0.0 and −0.0 differ and NaN matches."""
+    so True, 1 and 1.0 differ, and other numbers than ints by repr, so 0.0 and −0.0 differ
+    (numpy's too) and NaN matches."""
     kind = type(x)
-    if kind is float:
-        return kind, repr(x)
+    if kind is bool or kind is int or kind is str or x is None:
+        return kind, x
     if kind is tuple:
         return kind, tuple(map(_constexpr_key, x))
+    if isinstance(x, numbers.Number):
+        return kind, repr(x)
     return kind, x
 
 
@@ -109,9 +115,11 @@ def launch(kernel, grid, *args, **kwargs):
         # specialises them on; parameters left to their defaults are the same every call
         # (the kernel by identity: JITFunction hashes its source under a lock; a reused id
         # of a collected kernel cannot match, as the entry must be in the kernel's own cache)
-        # Triton's run() also adds the debug and instrumentation switches to the options
+        # Triton's run() adds the debug and instrumentation switches to the options, and the
+        # backend reads the target override and the fp-fusion default from its knobs
         knobs = triton.knobs
         key = (id(kernel), device, knobs.runtime.debug, knobs.compilation.instrumentation_mode,
+               knobs.runtime.override_arch, knobs.language.default_fp_fusion,
                tuple(_constexpr_key(a) if c else _argument_key(a)
                      for a, c in zip(args, constexpr)),
                tuple((k, _argument_key(v) if k in runtime else _constexpr_key(v))
@@ -127,7 +135,8 @@ def launch(kernel, grid, *args, **kwargs):
         compiled = kernel[grid](*args, **kwargs)
         if hasattr(compiled, "result"):  # an asynchronous compile's future
             compiled = compiled.result()
-        _kernels[key] = (compiled, kernel.device_caches[device][0])
+        if compiled is not None:  # (None: a JIT cache hook skipped the compile)
+            _kernels[key] = (compiled, kernel.device_caches[device][0])
         return compiled
     compiled = entry[0]
     n = len(args)

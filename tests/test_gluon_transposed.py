@@ -52,6 +52,23 @@ def test_compiles_to_a_warp_specialized_kernel_with_register_operands(name, wgmm
     assert r["shared"] <= shared_kb * 1024
 
 
+@pytest.mark.parametrize("variant, spill", [(dict(O_TMA=False), 36),
+                                            (dict(WU_AFTER_X=True), 84)])
+def test_forward_t_launch_variants_compile(variant, spill):
+    """forward_t's untimed launch variants compile for sm_90a as the default does (the same
+    products and TMA copies but O's store for O_TMA False; spills as measured in session 12:
+    WU_AFTER_X doubles them)."""
+    from gdn_fused.eval.ptxas import _gluon_transposed_wu
+    fn, sig, consts = _gluon_transposed_wu()
+    r = compile_report(fn, sig, {**consts, **variant}, 90, num_warps=4,
+                       maxnreg=gluon_transposed.MAXNREG_WU)
+    f = r["features"]
+    assert f["wgmma"] == 40 and f["setmaxnreg"] > 0 and f["mma.sync"] == 0
+    assert f["tma"] == (7 if variant.get("O_TMA") is False else 8)
+    assert r["spill_stores"] <= spill and r["spill_loads"] <= spill
+    assert r["shared"] <= 227 * 1024
+
+
 def test_unsupported_inputs_are_refused(monkeypatch):
     f = gluon_transposed.chunk_state_output_t
     q = torch.zeros(1, 64, 2, 128, dtype=torch.bfloat16)

@@ -2,6 +2,7 @@
 specialises and falls back to Triton's own launch for everything it does not model."""
 from collections import defaultdict
 
+import numpy as np
 import pytest
 import torch
 import triton
@@ -32,6 +33,8 @@ def test_argument_keys_follow_triton_specialisation():
     assert constexpr(True) != constexpr(1) != constexpr(1.0)
     assert constexpr(0.0) != constexpr(-0.0) and constexpr(float("nan")) == constexpr(float("nan"))
     assert constexpr((1, True)) != constexpr((1, 1)) and constexpr("a") == constexpr("a")
+    assert constexpr(np.float64(0.0)) != constexpr(np.float64(-0.0))
+    assert constexpr(np.float32(0.0)) != constexpr(np.float32(-0.0))
 
 
 def test_plain_launch_for_what_is_not_a_jit_function():
@@ -79,9 +82,13 @@ class _Jit(JITFunction):
         self.pre_run_hooks = []
         self.device_caches = defaultdict(lambda: ({}, {}, None, None, None))
         self.jit_calls = []
+        self.returns_none = False
 
     def __getitem__(self, grid):
         def run(*args, **kwargs):
+            if self.returns_none:
+                self.jit_calls.append((grid, args, kwargs))
+                return None
             compiled = _Compiled(len(self.jit_calls))
             self.device_caches[0][0][len(self.jit_calls)] = compiled
             self.jit_calls.append((grid, args, kwargs))
@@ -127,6 +134,12 @@ def test_direct_path_keys_arguments_and_cache_on_a_stand_in(monkeypatch):
         direct.launch(kernel, (3,), *args, **kwargs)
         assert len(kernel.jit_calls) == calls + 1, (args, kwargs)
     calls = len(kernel.jit_calls)
+    kernel.returns_none = True  # a JIT cache hook that skips the compile: nothing cached
+    direct.launch(kernel, (3,), x, 32, BLOCK=64, num_warps=4)
+    direct.launch(kernel, (3,), x, 32, BLOCK=64, num_warps=4)
+    kernel.returns_none = False
+    assert len(kernel.jit_calls) == calls + 2
+    calls = len(kernel.jit_calls)
     direct.launch(kernel, [3], x, 32, BLOCK=16, num_warps=4)  # a list grid: the JIT's path
     monkeypatch.setattr(triton.knobs.runtime, "debug", True)
     direct.launch(kernel, (3,), x, 32, BLOCK=16, num_warps=4)  # debug on: compiled anew
@@ -149,14 +162,22 @@ def _poison_like(*tensors):
 
 @pytest.mark.gpu
 def test_direct_launch_gives_the_jit_launch_bits(monkeypatch):
-    """forward_t launched directly (its second call with the same specialisation) writes the
-    bits of Triton's JIT launch, with and without an initial state, into outputs that start
-    as NaN; each specialisation adds one key, and a misaligned initial state one of its own."""
+    """forward_t launched directly (its second call with the same specialisation, which goes
+    through Triton's JIT no more) writes the bits of Triton's JIT launch, with and without an
+    initial state, into outputs that start as NaN; each specialisation adds one key, and a
+    misaligned initial state one of its own."""
     _hopper()
     from gdn_fused.kernels import gluon_transposed
     q, k, v, g, beta, h0, G, Ai, _, _ = forward_intermediates(2, 200, 2, 4, True, 7)
     monkeypatch.setattr(direct, "_kernels", {})
     kept = []  # every result stays alive: no output reuses a block holding a result's bits
+    jit_runs = []
+    jit_run = JITFunction.run
+
+    def counted(self, *args, **kwargs):
+        jit_runs.append(self)
+        return jit_run(self, *args, **kwargs)
+    monkeypatch.setattr(JITFunction, "run", counted)
 
     def run(h):
         o, ht = gluon_transposed.forward_t(q, k, v, G, beta, Ai, 0.125, h, True)
@@ -171,8 +192,9 @@ def test_direct_launch_gives_the_jit_launch_bits(monkeypatch):
         run(h)  # the first call of this key: through the JIT
         assert len(direct._kernels) == before + 1
         _poison_like(o_jit, ht_jit)
-        o, ht = run(h)  # launched directly
-        assert len(direct._kernels) == before + 1
+        runs = len(jit_runs)
+        o, ht = run(h)  # launched directly: no launch through Triton's JIT
+        assert len(jit_runs) == runs and len(direct._kernels) == before + 1
         assert torch.equal(o, o_jit) and torch.equal(ht, ht_jit)
     before = len(direct._kernels)
     shifted = torch.empty(h0.numel() + 1, device="cuda")[1:].view_as(h0).copy_(h0)
