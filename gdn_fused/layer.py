@@ -160,6 +160,7 @@ class GatedDeltaNet(nn.Module):
                  layer_idx: int | None = None, backend: str = "auto", chunk_size: int = 64,
                  solve_method: str = "blocked", solve_iters: int | None = None,
                  device=None, dtype=None):
+        """Arguments, parameters and errors: see the class docstring."""
         super().__init__()
         num_v_heads = num_heads if num_v_heads is None else num_v_heads
         _check_int("d_model", d_model, 1)

@@ -70,14 +70,19 @@ def resolve_backend(backend: str, q: torch.Tensor, v: torch.Tensor, chunk_size: 
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
-                           output_final_state=False, *, cu_seqlens=None,
-                           use_qk_l2norm_in_kernel=False, chunk_size=64, backend="auto",
-                           solve_method="blocked", solve_iters=None, **kwargs):
+                           output_final_state=False, use_qk_l2norm_in_kernel=False,
+                           use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
+                           state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None,
+                           chunk_indices=None, cp_context=None, *, chunk_size=64,
+                           backend="auto", solve_method="blocked", solve_iters=None, **kwargs):
     """Chunkwise Gated DeltaNet (Yang, Kautz & Hatamizadeh, arXiv:2412.06464, §3.3).
 
     Per value head, with state S ∈ R^{K×V} (fp32)::
 
         S_t = exp(g_t) (I − beta_t k_t k_tᵀ) S_{t−1} + beta_t k_t v_tᵀ,   o_t = scale · S_tᵀ q_t
+
+    The positional order is fla 0.6.0's, up to ``cp_context``; chunk_size, backend,
+    solve_method and solve_iters (this package's) are keyword-only.
 
     Args:
         q, k: ``[B, T, H, K]`` fp16/bf16/fp32 (fp64 on the torch backend).
@@ -110,11 +115,15 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
         solve_iters: Newton–Schulz iterations, a positive int (default 2·log2(chunk_size) + 2);
             only for the Newton–Schulz methods, None for every other one ("mxr" runs without
             refinement of its block inverses, on every backend).
-        **kwargs: fla 0.6.0's options — ``use_gate_in_kernel`` (+ ``A_log``, ``dt_bias``),
-            ``use_beta_sigmoid_in_kernel``, ``allow_neg_eigval``, ``state_v_first``, with fla's
-            meaning; ``cu_seqlens_cpu`` and ``chunk_indices`` accepted and not read (cu_seqlens
-            is read to the host once a call, for forward and backward; see
-            :mod:`gdn_fused.fla_options`). Any other keyword raises TypeError.
+        use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first, cu_seqlens_cpu,
+        chunk_indices, cp_context, **kwargs: fla 0.6.0's options, with fla's meaning —
+            ``use_beta_sigmoid_in_kernel`` (beta as the raw pre-activation; with
+            ``allow_neg_eigval`` 2·sigmoid), ``state_v_first`` (states as ``[N, HV, V, K]``),
+            and by keyword ``use_gate_in_kernel`` (+ ``A_log``, ``dt_bias``: g as the raw gate
+            pre-activation); ``cu_seqlens_cpu`` and ``chunk_indices`` are accepted and not
+            read (cu_seqlens is read to the host once a call, for forward and backward);
+            ``cp_context`` must be None (see :mod:`gdn_fused.fla_options`). Any other keyword
+            raises TypeError.
 
     Returns:
         ``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] fp32 — fp64 on the torch
@@ -128,7 +137,10 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
         under the interpreter, and for unknown or unsupported keywords (``head_first=True``,
         ``cp_context``).
     """
-    fla = parse_fla_options(kwargs, "chunk_gated_delta_rule")
+    fla = parse_fla_options(dict(kwargs, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                                 allow_neg_eigval=allow_neg_eigval, state_v_first=state_v_first,
+                                 cu_seqlens_cpu=cu_seqlens_cpu, chunk_indices=chunk_indices,
+                                 cp_context=cp_context), "chunk_gated_delta_rule")
     initial_state = fla.state_in(initial_state)
     _, cu_seqlens_cpu = check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, backend,
                                      fla.state_v_first)

@@ -127,16 +127,31 @@ def test_unsupported_or_inconsistent_options_raise_by_name(op, kwargs, exc, matc
 
 
 def test_positional_order_is_fla_s():
-    """fla's positional order: chunk (q, k, v, g, beta, scale, initial_state,
-    output_final_state), recurrent (q, k, v, g, gk, gv, beta, ...); beyond it keyword-only, so a
-    positional argument meant for fla's next slot raises instead of binding to another one."""
+    """fla 0.6.0's positional order: chunk (q, k, v, g, beta, scale, initial_state,
+    output_final_state, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel,
+    allow_neg_eigval, state_v_first, cu_seqlens, cu_seqlens_cpu, chunk_indices, cp_context),
+    recurrent (q, k, v, g, gk, gv, beta, ...); beyond it keyword-only, so a positional
+    argument past fla's last slot raises instead of binding to one of this package's."""
     q, k, v, g, beta, h0 = make_inputs(1, 5, H, HV, K, V, initial_state=True)
     o, ht = chunk_gated_delta_rule(q, k, v, g, beta, 0.5, h0, True, backend="torch")
     o2, ht2 = fused_recurrent_gated_delta_rule(q, k, v, g, None, None, beta, 0.5, h0, True,
                                                backend="torch")
     assert rel_err(o2, o) < 1e-5 and rel_err(ht2, ht) < 1e-5
-    with pytest.raises(TypeError):
-        chunk_gated_delta_rule(q, k, v, g, beta, 0.5, h0, True, True)  # fla: qk l2norm
+    by_place = chunk_gated_delta_rule(q, k, v, g, beta, 0.5, h0.transpose(-1, -2), True, True,
+                                      True, True, True, None, None, None, None,
+                                      backend="torch")
+    by_name_h0 = chunk_gated_delta_rule(q, k, v, g, beta, 0.5, h0.transpose(-1, -2), True,
+                                        backend="torch", use_qk_l2norm_in_kernel=True,
+                                        use_beta_sigmoid_in_kernel=True,
+                                        allow_neg_eigval=True, state_v_first=True)
+    assert torch.equal(by_place[0], by_name_h0[0]) and torch.equal(by_place[1], by_name_h0[1])
+    assert rel_err(by_place[0], o) > 1e-2  # the flags did something
+    with pytest.raises(ValueError, match="cp_context"):
+        chunk_gated_delta_rule(q, k, v, g, beta, 0.5, h0, True, False, False, False, False,
+                               None, None, None, object())
+    with pytest.raises(TypeError):  # a 17th positional argument: past fla's order
+        chunk_gated_delta_rule(q, k, v, g, beta, 0.5, h0, True, False, False, False, False,
+                               None, None, None, None, 64)
     with pytest.raises(ValueError, match="gk: per-key"):
         fused_recurrent_gated_delta_rule(q, k, v, g, beta)  # fla would read beta as gk
     with pytest.raises(ValueError, match="gv: per-key"):
