@@ -112,7 +112,9 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
             the Triton backends also take "mxr" and "newton_schulz", the torch backend every
             method of :data:`gdn_fused.inverse.METHODS` (including the unstable "mch"). The
             fused backend runs "blocked" only and hands other methods to materialized.
-        solve_iters: Newton–Schulz iterations, a positive int (default 2·log2(chunk_size) + 2);
+        solve_iters: Newton–Schulz iterations, a positive int (default 2·log2(chunk_size) + 2;
+            convergence is not checked: too few give a wrong inverse without an error, e.g.
+            2 is off by ~1 in relative error, docs/inverse_accuracy.md);
             only for the Newton–Schulz methods, None for every other one ("mxr" runs without
             refinement of its block inverses, on every backend).
         use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first, cu_seqlens_cpu,
