@@ -1,7 +1,7 @@
 """What the compiler made of a kernel, without a GPU: registers, spills, shared memory and the
 Hopper instructions in its PTX, for sm_90a (the H200).
 
-    python -m eval.ptxas [--kernels NAME ...] [--arch 90]
+    python -m eval.ptxas [--kernels NAME ...] [--arch 90] [--loops] [--set KEY=VALUE ...]
 
 Triton compiles for a named target on any machine and ships ptxas, so a CPU can see what the
 GPU machine would run: a kernel's register footprint (registers per thread × threads) bounds how
@@ -12,7 +12,11 @@ register budgets (``setmaxnreg``, warp specialization). Times still need the GPU
 
 :func:`compile_report` takes a ``triton.jit`` or ``gluon.jit`` function, its argument types and
 its constexprs; ``KERNELS`` holds the package's kernels at the Qwen3-Next layer shape (bf16,
-H = 16, HV = 32, K = V = 128, chunk 64).
+H = 16, HV = 32, K = V = 128, chunk 64). ``--loops`` disassembles the sm_90a cubin (Triton's
+nvdisasm) and counts the SASS instructions of each innermost loop: for a warp-specialized kernel
+that is each role's work a chunk step (the chain's loop holds its 12 HGMMA, the W/U one 8, the
+output's 20), the quantity the session-12 diagnostics say lengthens the chain's step;
+``--set`` overrides constexprs (launch variants, e.g. ``--set DECAY_ON_WU=True``).
 """
 from __future__ import annotations
 
@@ -122,6 +126,50 @@ def compile_report(fn, signature: dict, constexprs: dict, arch: int = 90, **opti
                 stack=number(r"(\d+) bytes stack frame"),
                 shared=compiled.metadata.shared, num_warps=options.get("num_warps", 4),
                 features=ptx_features(ptx))
+
+
+def sass(compiled) -> str:
+    """The SASS of a compiled kernel (its cubin through Triton's nvdisasm), code only."""
+    import triton
+    nvdisasm = os.path.join(os.path.dirname(triton.knobs.nvidia.ptxas.path), "nvdisasm")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.cubin")
+        with open(path, "wb") as f:
+            f.write(compiled.asm["cubin"])
+        run = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True)
+    if run.returncode != 0:
+        raise RuntimeError(f"nvdisasm failed: {run.stderr.strip()}")
+    return run.stdout
+
+
+def sass_loops(text: str) -> list[dict]:
+    """The innermost loops of a SASS listing (a backward branch's span that holds no other
+    loop's), in order: {"start", "end" (instruction indices), "instructions", "ops" (count by
+    opcode, predicates and modifiers dropped)}."""
+    ins, labels = [], {}
+    for line in text.split("\n"):
+        m = re.match(r"\s*(\.L_x_\d+):", line)
+        if m:
+            labels[m.group(1)] = len(ins)
+            continue
+        m = re.search(r"/\*[0-9a-f]{4,}\*/\s+(.*?);", line)
+        if m:
+            ins.append(m.group(1).strip())
+    spans = []
+    for i, text_i in enumerate(ins):
+        m = re.search(r"BRA\s+`\((\.L_x_\d+)\)", text_i)
+        if m and labels.get(m.group(1), len(ins)) <= i:
+            spans.append((labels[m.group(1)], i))
+    inner = [(a, b) for a, b in spans
+             if not any((c, d) != (a, b) and a <= c and d <= b for c, d in spans)]
+    loops = []
+    for a, b in sorted(set(inner)):
+        ops = {}
+        for x in ins[a:b + 1]:
+            op = re.sub(r"^@!?U?P[T0-9]+\s+", "", x).split()[0].split(".")[0]
+            ops[op] = ops.get(op, 0) + 1
+        loops.append(dict(start=a, end=b, instructions=b - a + 1, ops=ops))
+    return loops
 
 
 def _kkt_solve(build: bool, method: str = "blocked", iters: int = 0):
@@ -302,7 +350,19 @@ def _main(argv) -> int:
     p.add_argument("--arch", type=int, default=90, choices=ARCHS,
                    help="CUDA compute capability (default 90, the H200; the Gluon kernels are "
                         "compiled for 90 only)")
+    p.add_argument("--loops", action="store_true",
+                   help="also count each innermost loop's SASS instructions (sm_90a)")
+    p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="constexpr overrides (Python literals), e.g. DECAY_ON_WU=True")
     args = p.parse_args(argv)
+    import ast
+    overrides = {}
+    for item in args.set:
+        key, _, value = item.partition("=")
+        try:
+            overrides[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            p.error(f"--set: {item!r} is not KEY=<Python literal>")
     head = ["kernel", "warps", "registers", "spill stores B", "stack B", "shared B"] + \
         list(HOPPER_FEATURES)
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
@@ -312,10 +372,18 @@ def _main(argv) -> int:
             continue
         build, options = kernels[name]
         fn, sig, consts = build()
+        consts = {**consts, **overrides}
         r = compile_report(fn, sig, consts, arch=args.arch, **options)
         cells = [name, r["num_warps"], r["registers"], r["spill_stores"], r["stack"], r["shared"]]
         cells += [r["features"][f] for f in HOPPER_FEATURES]
         print("| " + " | ".join(map(str, cells)) + " |", flush=True)
+        if args.loops and args.arch == 90:
+            for loop in sass_loops(sass(compile_for(fn, sig, consts, args.arch, **options))):
+                if loop["instructions"] >= 20:
+                    top = sorted(loop["ops"].items(), key=lambda kv: -kv[1])[:8]
+                    print(f"|   loop {loop['start']}–{loop['end']}: {loop['instructions']} "
+                          f"instructions, HGMMA {loop['ops'].get('HGMMA', 0)}; most: "
+                          + ", ".join(f"{k} {v}" for k, v in top) + " |", flush=True)
     return 0
 
 

@@ -123,6 +123,9 @@ MAXNREG_WU = 128  # 4 + 4 + 1 + 4 warps, padded to 16: 65,536 / (16 · 32)
 # the W/U one's adds Q Kᵀ's accumulator and the mask's fp64 differences
 OUT_REGS_P = gl.constexpr(96)
 WU_REGS_P = gl.constexpr(160)
+# with the chain's decay vector formed by the W/U warpgroup (DECAY_ON_WU): its fp64 gate
+# arithmetic moves there (the chain's share of setmaxnreg then 232 → 208)
+WU_REGS_DECAY = gl.constexpr(152)
 # forward_t's default for P_ON_WU (P formed by the W/U warpgroup): off, measured no faster in
 # session 12 (docs/speed_log.md)
 P_ON_WU = False
@@ -138,7 +141,8 @@ OUTPUT_GROUPS = 2
 MAXNREG_TWO_OUTPUTS = 128
 # the main launch's constexprs chunk_state_output_t's ``variant`` may set (launch variants for
 # eval.bench): Q in registers with the early stage release, the two output groups' registers
-VARIANT_KEYS = frozenset({"Q_REGS", "OUT_REGS_TWO", "O_BUFFERS", "O_TMA", "WU_AFTER_X"})
+VARIANT_KEYS = frozenset({"Q_REGS", "OUT_REGS_TWO", "O_BUFFERS", "O_TMA", "WU_AFTER_X",
+                          "DECAY_ON_WU"})
 
 
 @gluon.jit
@@ -161,6 +165,18 @@ def _gate_row(g_bufs, s, row: gl.constexpr):
 
 
 @gluon.jit
+def _chunk_decay(b_G, i_t, T, o_c):
+    """(decay [C], γ) of chunk i_t from its G row b_G: decay_i = e^{G_C − G_i} on rows before
+    T, else 0 (G_C − G_i ≤ 0 cannot overflow; rows past T leave the state unchanged), and
+    γ = e^{G_C}, G_C picked out exactly (a sum of one term and zeros)."""
+    valid = i_t * b_G.type.shape[0] + o_c < T
+    G_last = _sum(gl.where(o_c == gl.minimum(T - i_t * b_G.type.shape[0], b_G.type.shape[0])
+                           - 1, b_G, 0.), 0)
+    decay = gl.where(valid, gl.exp((G_last - b_G).to(gl.float32)), 0.)
+    return decay, gl.exp(G_last.to(gl.float32))
+
+
+@gluon.jit
 def _masked_scores(qk, b_G, b_Gj, valid, o_t, o_j):
     """P = (Q Kᵀ) ⊙ M in bf16, M_ij = e^{G_i − G_j} for j ≤ i on rows before T, else 0. Rows
     past T are selected away too: their G reads 0, so G_i − G_j may be > 0; the exponent is
@@ -173,7 +189,8 @@ def _masked_scores(qk, b_G, b_Gj, valid, o_t, o_j):
 @gluon.jit
 def _wu_partition(k_bufs, t_bufs, v_bufs, g_bufs, ready, empty, wp_bufs, up_bufs, wu_ready,
                   c0, n, q_bufs, p_bufs, p_ready, sv_empty, T, P_ON_WU: gl.constexpr,
-                  x_done=None, WU_AFTER_X: gl.constexpr = False):
+                  x_done=None, WU_AFTER_X: gl.constexpr = False, dk_bufs=None, gm_bufs=None,
+                  DECAY_ON_WU: gl.constexpr = False):
     """Per chunk, W = T D_{βe^G} K and U = T D_β V into stage i_t % STAGES of wp_bufs / up_bufs,
     from the ring's T (bf16 [C, C]), k and v tiles: D scales T's columns in registers (the A
     operand), so k and v enter the products as loaded. (recompute_w_u scales k's and v's rows
@@ -183,7 +200,9 @@ def _wu_partition(k_bufs, t_bufs, v_bufs, g_bufs, ready, empty, wp_bufs, up_bufs
     products): P does not depend on the state, so the output's chunk, the longest role a
     step, shrinks to its two products after the chain. WU_AFTER_X: W's and U's products of
     chunk j wait until the chain's S Wᵀ of chunk j − 1 has retired (x_done: a timing signal
-    only, no data passes through it)."""
+    only, no data passes through it). DECAY_ON_WU: it also forms the chain's decay vector and
+    γ into dk_bufs / gm_bufs, taking the fp64 gate arithmetic and G_C's reduction off the
+    chain."""
     BT: gl.constexpr = k_bufs.type.shape[1]
     K: gl.constexpr = k_bufs.type.shape[2]
     BVr: gl.constexpr = v_bufs.type.shape[2]
@@ -214,6 +233,12 @@ def _wu_partition(k_bufs, t_bufs, v_bufs, g_bufs, ready, empty, wp_bufs, up_bufs
         b_u = warpgroup_mma(a, v_bufs.index(s), gl.zeros([BT, BVr], gl.float32, acc_v),
                             use_acc=False)
         up_bufs.index(s).store(b_u.to(gl.bfloat16))
+        if DECAY_ON_WU:
+            # the chain's decay vector and γ, by the chain's own code and layouts (the same
+            # bits), ready with W and U
+            decay, gam = _chunk_decay(b_G, c0 + j, T, gl.arange(0, BT, layout=cols))
+            dk_bufs.index(s).store(decay)
+            gm_bufs.index(s).store(gl.zeros([K], gl.float32, gl.SliceLayout(0, acc_k)) + gam)
         # W and U are read by the chain's wgmmas (the async proxy): fence, all four warps,
         # then one arrive for them and one for the ring stage (its k, T, v reads are done)
         fence_async_shared()
@@ -386,7 +411,8 @@ def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_b
                      HV: gl.constexpr, K: gl.constexpr, SW: gl.constexpr,
                      USE_INITIAL_STATE: gl.constexpr, STORE_FINAL_STATE: gl.constexpr,
                      HANDOFF: gl.constexpr, MAP: gl.constexpr, NS: gl.constexpr,
-                     WU: gl.constexpr, x_done=None, WU_AFTER_X: gl.constexpr = False):
+                     WU: gl.constexpr, x_done=None, WU_AFTER_X: gl.constexpr = False,
+                     dk_bufs=None, gm_bufs=None, DECAY_ON_WU: gl.constexpr = False):
     """The state recurrence (w_bufs / u_bufs: the ring's W and U tiles, or with WU the W/U
     warpgroup's, ready on wu_ready); HANDOFF: hand h_c and V' to the second warpgroup."""
     BT: gl.constexpr = k_bufs.type.shape[1]
@@ -425,14 +451,15 @@ def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_b
             # first STAGES times, as the ring's empty barriers)
             mbarrier.wait(sv_empty.index(s), phase ^ 1)
             st_bufs.index(s).store(s16)  # h_c for the output warpgroup, while W S runs
-        # the chunk's gates from the ring (no global load: the step's proxy fence would
-        # wait for it); G_C is picked out exactly (a sum of one term and zeros)
-        b_G = _gate_row(g_bufs, s, 0).load(gl.SliceLayout(0, acc_t))
-        valid = i_t * BT + o_c < T
-        G_last = _sum(gl.where(o_c == gl.minimum(T - i_t * BT, BT) - 1, b_G, 0.), 0)
-        # G_C − G_i ≤ 0: cannot overflow; rows past T get weight 0 (no state change)
-        decay = gl.where(valid, gl.exp((G_last - b_G).to(gl.float32)), 0.)
-        gam = gl.exp(G_last.to(gl.float32))
+        if DECAY_ON_WU:
+            # formed by the W/U warpgroup (ready with W and U): γ as a [K] row
+            decay = dk_bufs.index(s).load(gl.SliceLayout(0, acc_t))
+            gam = gm_bufs.index(s).load(gl.SliceLayout(0, acc_k))[None, :]
+        else:
+            # the chunk's gates from the ring (no global load: the step's proxy fence would
+            # wait for it)
+            b_G = _gate_row(g_bufs, s, 0).load(gl.SliceLayout(0, acc_t))
+            decay, gam = _chunk_decay(b_G, i_t, T, o_c)
         # register operands stay live (deps) until the products reading them have retired
         X, s_op = warpgroup_mma_wait(num_outstanding=0, deps=[X, s_op])
         if WU_AFTER_X:
@@ -479,7 +506,8 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
                                 P_ON_WU: gl.constexpr = False,
                                 O_BUFFERS: gl.constexpr = O_STAGING,
                                 O_TMA: gl.constexpr = True,
-                                WU_AFTER_X: gl.constexpr = False):
+                                WU_AFTER_X: gl.constexpr = False,
+                                DECAY_ON_WU: gl.constexpr = False):
     """Grid (SW / BV, B·HV, segments). MAP: the state pass alone over the K + V columns of
     [M | b] from [I | 0] (SW = K + V) for segments 0 … NS − 2, each stored to ht's segment
     slab; else the pass with the output over segment i_seg (SW = V), starting from h0's
@@ -493,11 +521,13 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
     TMA staging tiles of O an output warpgroup (8 KB each); O_TMA False: O stored from
     registers by every thread (gl.store), no staging tile, fence or barrier. WU_AFTER_X (with
     WU): the W/U warpgroup issues a chunk's products only once the chain's S Wᵀ of the
-    previous chunk has retired."""
+    previous chunk has retired. DECAY_ON_WU (with WU): the W/U warpgroup forms the chain's
+    decay vector and γ (1.5 KB a stage)."""
     gl.static_assert(OUT_GROUPS == 1 or ((OUTPUT or STORE_H) and not WU),
                      "two output groups need the output or STORE_H")
     gl.static_assert(not (STORE_H and (OUTPUT or MAP)), "STORE_H replaces the output")
     gl.static_assert(WU or not WU_AFTER_X, "WU_AFTER_X cues the W/U warpgroup")
+    gl.static_assert(WU or not DECAY_ON_WU, "DECAY_ON_WU needs the W/U warpgroup")
     BT: gl.constexpr = k_desc.block_type.shape[0]
     BVr: gl.constexpr = u_desc.block_type.shape[1]
     if MAP:
@@ -579,6 +609,14 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
                 mbarrier.init(x_done.index(i), count=1)
         else:
             x_done = wu_ready  # unused
+        if DECAY_ON_WU:
+            # the chain's decay vector [C] and γ as a [K] row, a stage each
+            flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+            dk_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BT], flat)
+            gm_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, K], flat)
+        else:
+            dk_bufs = wp_bufs  # unused
+            gm_bufs = wp_bufs
         if P_WU:
             # P of each stage, formed by the W/U warpgroup for the output warpgroup
             p_bufs = gl.allocate_shared_memory(
@@ -595,7 +633,8 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
             (_chain_partition, (k_bufs, wp_bufs, up_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                 sv_ready, sv_empty, wu_ready, h0, ht, T, c0, n, i_n, i_hv,
                                 i_v, i_seg, HV, K, SW, USE_INITIAL_STATE, STORE_FINAL_STATE,
-                                HANDOFF, MAP, NS, WU, x_done, WU_AFTER_X)),
+                                HANDOFF, MAP, NS, WU, x_done, WU_AFTER_X, dk_bufs, gm_bufs,
+                                DECAY_ON_WU)),
             (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                  sv_ready, sv_empty, o_smem, o_desc, o, scale, T, c0,
                                  n if HANDOFF else 0, i_n, i_hv, i_v, HV, V, STORE_H, h, 0, 1,
@@ -604,9 +643,10 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
                          g_desc, g_bufs, g_row, c0 * BT)),
             (_wu_partition, (k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, wp_bufs, up_bufs,
                              wu_ready, c0, n, q_bufs, p_bufs, p_ready, sv_empty, T, P_WU,
-                             x_done, WU_AFTER_X)),
+                             x_done, WU_AFTER_X, dk_bufs, gm_bufs, DECAY_ON_WU)),
         ], [OUT_WARPS, LOAD_WARPS, WU_WARPS],
-            [OUT_REGS_P if P_WU else OUT_REGS, LOAD_REGS, WU_REGS_P if P_WU else WU_REGS])
+            [OUT_REGS_P if P_WU else OUT_REGS, LOAD_REGS,
+             WU_REGS_P if P_WU else (WU_REGS_DECAY if DECAY_ON_WU else WU_REGS)])
     elif OUT_GROUPS == 2:
         # the output's chunk latency (three dependent products, the mask, the store) is longer
         # than the chain's step: two output warpgroups take alternate chunks

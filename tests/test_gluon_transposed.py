@@ -53,11 +53,12 @@ def test_compiles_to_a_warp_specialized_kernel_with_register_operands(name, wgmm
 
 
 @pytest.mark.parametrize("variant, spill", [(dict(O_TMA=False), 36),
-                                            (dict(WU_AFTER_X=True), 84)])
+                                            (dict(WU_AFTER_X=True), 84),
+                                            (dict(DECAY_ON_WU=True), 8)])
 def test_forward_t_launch_variants_compile(variant, spill):
     """forward_t's untimed launch variants compile for sm_90a as the default does (the same
     products and TMA copies but O's store for O_TMA False; spills as measured in session 12:
-    WU_AFTER_X doubles them)."""
+    WU_AFTER_X doubles them, DECAY_ON_WU with its W/U warpgroup at 152 registers has 8 B)."""
     from gdn_fused.eval.ptxas import _gluon_transposed_wu
     fn, sig, consts = _gluon_transposed_wu()
     r = compile_report(fn, sig, {**consts, **variant}, 90, num_warps=4,
@@ -354,12 +355,13 @@ def test_forward_variants_give_the_same_bits(B, T, H, HV, gate, segments):
     """forward_t with P formed by the W/U warpgroup (p_on_wu: the same products and mask, P
     handed over in bf16 through shared memory instead of registers), with one or two
     staging tiles for O (O_BUFFERS), both together, with O stored from registers (O_TMA
-    False) and with the W/U products cued by the chain (WU_AFTER_X: a timing signal only)
-    gives the default's bits; so does chunk_state_output_t with two staging tiles a
+    False), with the W/U products cued by the chain (WU_AFTER_X: a timing signal only) and
+    with the chain's decay vector formed by the W/U warpgroup (DECAY_ON_WU: the same code in
+    the same layout) gives the default's bits; so does chunk_state_output_t with two staging tiles a
     group and with O stored from registers against one tile, with one and two output groups.
     Every variant writes into outputs that start as NaN (no block still holding the default's
-    result). (O_TMA False and WU_AFTER_X have not run on a GPU yet: written in session 12
-    after the last device call.)"""
+    result). (O_TMA False, WU_AFTER_X and DECAY_ON_WU have not run on a GPU yet: written in
+    session 12 after the last device call.)"""
     _hopper()
     q, k, v, g, beta, h0, G, Ai, w, u = forward_intermediates(B, T, H, HV, True, T + HV, gate)
     o, ht = gluon_transposed.forward_t(q, k, v, G, beta, Ai, 0.125, h0, True,
@@ -368,7 +370,8 @@ def test_forward_variants_give_the_same_bits(B, T, H, HV, gate, segments):
     kept = []
     for kw in (dict(p_on_wu=True), dict(variant=dict(O_BUFFERS=1)),
                dict(variant=dict(O_BUFFERS=2)), dict(p_on_wu=True, variant=dict(O_BUFFERS=2)),
-               dict(variant=dict(O_TMA=False)), dict(variant=dict(WU_AFTER_X=True))):
+               dict(variant=dict(O_TMA=False)), dict(variant=dict(WU_AFTER_X=True)),
+               dict(variant=dict(DECAY_ON_WU=True))):
         torch.full_like(o, float("nan")), torch.full_like(ht, float("nan"))
         kept.append(gluon_transposed.forward_t(q, k, v, G, beta, Ai, 0.125, h0, True,
                                                segments=segments, **kw))
