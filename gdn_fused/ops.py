@@ -178,15 +178,20 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
 
 
 def fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=None, scale=None,
-                                     initial_state=None, output_final_state=False, *,
-                                     cu_seqlens=None, use_qk_l2norm_in_kernel=False,
+                                     initial_state=None, output_final_state=False,
+                                     use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
+                                     A_log=None, dt_bias=None,
+                                     use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
+                                     state_v_first=False, cu_seqlens=None, *,
                                      backend="auto", **kwargs):
     """Token-by-token Gated DeltaNet for decode (a few tokens), state updated in fp32.
 
     Same conventions, shapes, fla options (``**kwargs``) and errors as
     :func:`chunk_gated_delta_rule`; g defaults to 0 (no decay) and beta to 1. The positional
     order is fla 0.6.0's — ``(q, k, v, g, gk, gv, beta, scale, initial_state,
-    output_final_state)``, the rest keyword-only — so pass beta by keyword; ``gk`` and ``gv``
+    output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias,
+    use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first, cu_seqlens)``, backend
+    keyword-only — so pass beta by keyword; ``gk`` and ``gv``
     (per-key / per-value gates of fla's other models) must be None (ValueError otherwise).
     backend: "auto" (one Triton launch on CUDA, the torch recurrence on CPU or when an input
     requires grad), "torch" (differentiable), or "triton" (CUDA, or CPU with
@@ -208,7 +213,11 @@ def fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=Non
         beta = v.new_ones(v.shape[:3], dtype=torch.float32)
     if backend not in ("auto", "torch", "triton"):
         raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
-    fla = parse_fla_options(kwargs, "fused_recurrent_gated_delta_rule")
+    fla = parse_fla_options(dict(kwargs, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log,
+                                 dt_bias=dt_bias,
+                                 use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                                 allow_neg_eigval=allow_neg_eigval, state_v_first=state_v_first),
+                            "fused_recurrent_gated_delta_rule")
     if g is None and fla.use_gate_in_kernel:
         raise ValueError("use_gate_in_kernel=True needs g, the raw gate pre-activation")
     if g is None and isinstance(v, torch.Tensor):

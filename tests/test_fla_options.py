@@ -152,6 +152,22 @@ def test_positional_order_is_fla_s():
     with pytest.raises(TypeError):  # a 17th positional argument: past fla's order
         chunk_gated_delta_rule(q, k, v, g, beta, 0.5, h0, True, False, False, False, False,
                                None, None, None, None, 64)
+    # the decode op: fla's order through cu_seqlens (l2norm, the gate flags and A_log,
+    # dt_bias, sigmoid beta, negative eigenvalues, the state layout)
+    A_log, dt_bias = torch.rand(HV), torch.rand(HV)
+    kw = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=A_log,
+              dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True,
+              state_v_first=True)
+    hv = h0.transpose(-1, -2)
+    by_name = fused_recurrent_gated_delta_rule(q, k, v, g, beta=beta, scale=0.5,
+                                               initial_state=hv, output_final_state=True,
+                                               backend="torch", **kw)
+    by_place = fused_recurrent_gated_delta_rule(q, k, v, g, None, None, beta, 0.5, hv, True,
+                                                *kw.values(), None, backend="torch")
+    assert torch.equal(by_place[0], by_name[0]) and torch.equal(by_place[1], by_name[1])
+    with pytest.raises(TypeError):  # past fla's order
+        fused_recurrent_gated_delta_rule(q, k, v, g, None, None, beta, 0.5, hv, True,
+                                         *kw.values(), None, "torch")
     with pytest.raises(ValueError, match="gk: per-key"):
         fused_recurrent_gated_delta_rule(q, k, v, g, beta)  # fla would read beta as gk
     with pytest.raises(ValueError, match="gv: per-key"):
