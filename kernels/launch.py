@@ -111,12 +111,12 @@ def launch(kernel, grid, *args, **kwargs):
     driver = _driver()
     device = driver.get_current_device()
     try:
-        # keyword arguments and options by value, runtime arguments by what Triton
-        # specialises them on; parameters left to their defaults are the same every call
-        # (the kernel by identity: JITFunction hashes its source under a lock; a reused id
-        # of a collected kernel cannot match, as the entry must be in the kernel's own cache)
-        # Triton's run() adds the debug and instrumentation switches to the options, and the
-        # backend reads the target override and the fp-fusion default from its knobs
+        # The kernel by identity (JITFunction hashes its source under a lock; a reused id of
+        # a collected kernel cannot match: the entry must be in that kernel's own cache).
+        # Triton's debug and instrumentation switches (run() adds them to the options), the
+        # target override and fp-fusion default (the backend reads them). Runtime arguments
+        # by what Triton specialises them on, constexprs and options by type and value;
+        # parameters left to their defaults are the same every call.
         knobs = triton.knobs
         key = (id(kernel), device, knobs.runtime.debug, knobs.compilation.instrumentation_mode,
                knobs.runtime.override_arch, knobs.language.default_fp_fusion,
