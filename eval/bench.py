@@ -542,7 +542,7 @@ def sweep_forward_t(shapes):
             print(f"forward_t roles B={B} T={T} {name}: {us:.1f} us, "
                   f"{us / triton.cdiv(T, CHUNK):.2f} us a chunk", flush=True)
         o_ref = None
-        variants = {"default": {}, "P on the W/U warpgroup": dict(p_on_wu=True),
+        variants = {"default": {}, "P on the W/U warpgroup": dict(variant=dict(P_ON_WU=True)),
                     "two staging tiles for O": dict(variant=dict(O_BUFFERS=2)),
                     "O stored from registers": dict(variant=dict(O_TMA=False)),
                     "W/U products cued by the chain": dict(variant=dict(WU_AFTER_X=True)),
@@ -757,8 +757,8 @@ def main(argv=None):
                         f"default all, run in this order): {', '.join(SWEEPS)} — fused: the "
                         "fused kernel's launch, segments and inverse placement at --shapes; "
                         "kkt: kkt_solve register caps; bwd, stages: each backward and forward "
-                        "kernel's time at B=1, T=32768; forward_t: the fused route's kernel "
-                        "with P formed by either warpgroup at --shapes")
+                        "kernel's time at B=1, T=32768; forward_t: the fused route's kernel, "
+                        "its launch variants and its roles added one at a time at --shapes")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         p.error("the benchmark needs a CUDA device")

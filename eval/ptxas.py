@@ -100,8 +100,12 @@ def compile_for(fn, signature: dict, constexprs: dict, arch: int = 90, **options
 def compile_report(fn, signature: dict, constexprs: dict, arch: int = 90, **options) -> dict:
     """:func:`compile_for`, then ``ptxas -v`` on its PTX: registers and spill/stack bytes per
     thread, static shared memory bytes, and :func:`ptx_features` (same arguments and errors)."""
+    return report_of(compile_for(fn, signature, constexprs, arch, **options), arch, **options)
+
+
+def report_of(compiled, arch: int = 90, **options) -> dict:
+    """:func:`compile_report` of a kernel compile_for already compiled (same options)."""
     import triton
-    compiled = compile_for(fn, signature, constexprs, arch, **options)
     ptx = compiled.asm["ptx"]
     gpu_name = f"sm_{arch}a" if arch == 90 else f"sm_{arch}"
     with tempfile.TemporaryDirectory() as tmp:
@@ -373,12 +377,13 @@ def _main(argv) -> int:
         build, options = kernels[name]
         fn, sig, consts = build()
         consts = {**consts, **overrides}
-        r = compile_report(fn, sig, consts, arch=args.arch, **options)
+        compiled = compile_for(fn, sig, consts, args.arch, **options)
+        r = report_of(compiled, args.arch, **options)
         cells = [name, r["num_warps"], r["registers"], r["spill_stores"], r["stack"], r["shared"]]
         cells += [r["features"][f] for f in HOPPER_FEATURES]
         print("| " + " | ".join(map(str, cells)) + " |", flush=True)
         if args.loops and args.arch == 90:
-            for loop in sass_loops(sass(compile_for(fn, sig, consts, args.arch, **options))):
+            for loop in sass_loops(sass(compiled)):
                 if loop["instructions"] >= 20:
                     top = sorted(loop["ops"].items(), key=lambda kv: -kv[1])[:8]
                     print(f"|   loop {loop['start']}–{loop['end']}: {loop['instructions']} "

@@ -126,9 +126,6 @@ WU_REGS_P = gl.constexpr(160)
 # with the chain's decay vector formed by the W/U warpgroup (DECAY_ON_WU): its fp64 gate
 # arithmetic moves there (the chain's share of setmaxnreg then 232 → 208)
 WU_REGS_DECAY = gl.constexpr(152)
-# forward_t's default for P_ON_WU (P formed by the W/U warpgroup): off, measured no faster in
-# session 12 (docs/speed_log.md)
-P_ON_WU = False
 # O's TMA staging tiles an output warpgroup. Leaving the O store out took forward_t's step
 # 2.19 → 2.00 µs at (1, 32768), but a second tile (each chunk's O then waits only for the
 # store two chunks back) measured no faster: forward_t 1,059 vs 1,062 µs at (1, 32768), 637
@@ -139,10 +136,14 @@ O_STAGING = gl.constexpr(1)
 # (4 + 4 + 4 + 1 warps, padded to 16, as with W/U on chip)
 OUTPUT_GROUPS = 2
 MAXNREG_TWO_OUTPUTS = 128
-# the main launch's constexprs chunk_state_output_t's ``variant`` may set (launch variants for
-# eval.bench): Q in registers with the early stage release, the two output groups' registers
+# the main launch's constexprs chunk_state_output_t's and forward_t's ``variant`` may set
+# (launch variants for eval.bench, each measured or to be measured, docs/speed_log.md): Q in
+# registers with the early stage release, the two output groups' registers, O's staging tiles
+# or O stored from registers; with W/U on chip, the W/U warpgroup's products cued by the
+# chain, the chain's decay vector or P formed by the W/U warpgroup (P_ON_WU: no faster,
+# session 12)
 VARIANT_KEYS = frozenset({"Q_REGS", "OUT_REGS_TWO", "O_BUFFERS", "O_TMA", "WU_AFTER_X",
-                          "DECAY_ON_WU"})
+                          "DECAY_ON_WU", "P_ON_WU"})
 
 
 @gluon.jit
@@ -799,8 +800,7 @@ def _gate_rows(rows, B, T, HV):
 
 
 def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_final_state,
-            output, num_stages, segments, wu, h=None, output_groups=1, variant=None,
-            p_on_wu=False):
+            output, num_stages, segments, wu, h=None, output_groups=1, variant=None):
     """Descriptors, then (when split) the map launch and the composition, then the main
     launch; w_tiles / u_tiles: W and U, or with ``wu`` T and v; with ``h`` (STORE_H) the
     main launch stores h_c into it and V' into the returned "o"."""
@@ -835,8 +835,7 @@ def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_fina
                   *descs, o, h0, ht, float(scale), T, USE_INITIAL_STATE=h0 is not None,
                   STORE_FINAL_STATE=output_final_state, OUTPUT=output, MAP=False,
                   STORE_H=h is not None, h=h, OUT_GROUPS=output_groups, **(variant or {}),
-                  **({"P_ON_WU": True} if p_on_wu else {}),
-                  maxnreg=MAXNREG_TWO_OUTPUTS if output_groups == 2 else cap, **consts)
+                         maxnreg=MAXNREG_TWO_OUTPUTS if output_groups == 2 else cap, **consts)
     return (o if output or h is not None else None), ht
 
 
@@ -878,7 +877,7 @@ def chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state
 
 
 def forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state, segments=None,
-              gate_rows=None, p_on_wu=None, variant=None):
+              gate_rows=None, variant=None):
     """The forward after the inverse in one kernel, W and U formed on chip by a fourth
     warpgroup (``WU``) instead of read from recompute_w_u: the fused backend's forward on
     Hopper (kernels/fused_fwd.py; timings and precision in the module docstring).
@@ -886,9 +885,8 @@ def forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state, se
     q, k [B, T, H, 128] bf16; v [B, T, HV, 128] bf16; G [B, T, HV] (natural-log decay
     cumulated within each chunk of 64); beta [B, T, HV]; Ai [B, T, HV, 64] bf16, T = (I + A)⁻¹
     of each chunk as kkt_solve_from_k returns it; gate_rows: the (G, β) rows as
-    chunk_cumsum(..., gate_rows=[beta]) writes them, or None to lay them out here; p_on_wu:
-    the W/U warpgroup forms each chunk's masked scores P for the output warpgroup (None:
-    :data:`P_ON_WU`); the rest (variant too) as :func:`chunk_state_output_t`.
+    chunk_cumsum(..., gate_rows=[beta]) writes them, or None to lay them out here; the rest
+    (variant too: launch variants such as P_ON_WU) as :func:`chunk_state_output_t`.
     Returns (o [B, T, HV, 128] bf16, final state fp32 or None); raises ValueError as
     chunk_state_output_t does (naming v and Ai)."""
     check_state_inputs("forward_t", q, k, v, G, initial_state, segments,
@@ -899,8 +897,7 @@ def forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state, se
     B, T, HV = G.shape
     gate_rows = _rows_given_or_laid_out("forward_t", gate_rows, [G, beta], B, T, HV)
     return _launch(q, k, Ai, v, gate_rows, scale, initial_state,
-                   output_final_state, True, NUM_STAGES, segments, True, variant=variant,
-                   p_on_wu=P_ON_WU if p_on_wu is None else bool(p_on_wu))
+                   output_final_state, True, NUM_STAGES, segments, True, variant=variant)
 
 
 def chunk_state_t(k, w, u, G, initial_state, output_final_state, segments=1, store_groups=2):

@@ -352,7 +352,7 @@ def _w_u_as_on_chip(k, v, G, beta, Ai):
     (1, 4096, 2, 4, "zero"),
 ])
 def test_forward_variants_give_the_same_bits(B, T, H, HV, gate, segments):
-    """forward_t with P formed by the W/U warpgroup (p_on_wu: the same products and mask, P
+    """forward_t with P formed by the W/U warpgroup (P_ON_WU: the same products and mask, P
     handed over in bf16 through shared memory instead of registers), with one or two
     staging tiles for O (O_BUFFERS), both together, with O stored from registers (O_TMA
     False), with the W/U products cued by the chain (WU_AFTER_X: a timing signal only) and
@@ -368,8 +368,8 @@ def test_forward_variants_give_the_same_bits(B, T, H, HV, gate, segments):
                                        segments=segments)
     assert torch.isfinite(o).all()
     kept = []
-    for kw in (dict(p_on_wu=True), dict(variant=dict(O_BUFFERS=1)),
-               dict(variant=dict(O_BUFFERS=2)), dict(p_on_wu=True, variant=dict(O_BUFFERS=2)),
+    for kw in (dict(variant=dict(P_ON_WU=True)), dict(variant=dict(O_BUFFERS=1)),
+               dict(variant=dict(O_BUFFERS=2)), dict(variant=dict(P_ON_WU=True, O_BUFFERS=2)),
                dict(variant=dict(O_TMA=False)), dict(variant=dict(WU_AFTER_X=True)),
                dict(variant=dict(DECAY_ON_WU=True))):
         torch.full_like(o, float("nan")), torch.full_like(ht, float("nan"))
