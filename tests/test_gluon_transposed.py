@@ -357,7 +357,7 @@ def test_forward_variants_give_the_same_bits(B, T, H, HV, gate, segments):
     staging tiles for O (O_BUFFERS), both together, with O stored from registers (O_TMA
     False), with the W/U products cued by the chain (WU_AFTER_X: a timing signal only) and
     with the chain's decay vector formed by the W/U warpgroup (DECAY_ON_WU: the same code in
-    the same layout) gives the default's bits; so does chunk_state_output_t with two staging tiles a
+    the same layout), and with the last and O_TMA False together gives the default's bits; so does chunk_state_output_t with two staging tiles a
     group and with O stored from registers against one tile, with one and two output groups.
     Every variant writes into outputs that start as NaN (no block still holding the default's
     result). (O_TMA False, WU_AFTER_X and DECAY_ON_WU have not run on a GPU yet: written in
@@ -371,7 +371,8 @@ def test_forward_variants_give_the_same_bits(B, T, H, HV, gate, segments):
     for kw in (dict(variant=dict(P_ON_WU=True)), dict(variant=dict(O_BUFFERS=1)),
                dict(variant=dict(O_BUFFERS=2)), dict(variant=dict(P_ON_WU=True, O_BUFFERS=2)),
                dict(variant=dict(O_TMA=False)), dict(variant=dict(WU_AFTER_X=True)),
-               dict(variant=dict(DECAY_ON_WU=True))):
+               dict(variant=dict(DECAY_ON_WU=True)),
+               dict(variant=dict(DECAY_ON_WU=True, O_TMA=False))):
         torch.full_like(o, float("nan")), torch.full_like(ht, float("nan"))
         kept.append(gluon_transposed.forward_t(q, k, v, G, beta, Ai, 0.125, h0, True,
                                                segments=segments, **kw))
