@@ -647,6 +647,20 @@ def sweep_kkt_solve(bandwidth, B=8, T=4096):
                                            return_mode="median")
         rows.append(dict(kw, us=us, frac_bw=floor_us / us, diff=err))
         print(rows[-1], flush=True)
+    # from the keys (what chunk_inverse runs): one value head a program, two (SHARED_KEYS:
+    # both heads' A in 20 KB of shared memory, 211 registers as compiled) and two under
+    # register caps that trade spills for programs an SM; bits against one head a program
+    from gdn_fused.kernels.gluon_kkt_solve import kkt_solve_from_k_gluon
+    G = chunk_cumsum(g, CHUNK)
+    one = kkt_solve_from_k_gluon(k, G, beta, HV, torch.bfloat16, shared_keys=False)
+    for kw in (dict(shared_keys=False), dict(shared_keys=True),
+               dict(shared_keys=True, maxnreg=184), dict(shared_keys=True, maxnreg=168)):
+        same = torch.equal(kkt_solve_from_k_gluon(k, G, beta, HV, torch.bfloat16, **kw), one)
+        us = 1e3 * triton.testing.do_bench(
+            lambda: kkt_solve_from_k_gluon(k, G, beta, HV, torch.bfloat16, **kw),
+            return_mode="median")
+        rows.append(dict(kw, kernel="gluon from k", us=us, same_bits=same))
+        print(rows[-1], flush=True)
     return rows
 
 
