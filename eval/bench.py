@@ -647,9 +647,11 @@ def sweep_kkt_solve(bandwidth, B=8, T=4096):
                                            return_mode="median")
         rows.append(dict(kw, us=us, frac_bw=floor_us / us, diff=err))
         print(rows[-1], flush=True)
-    # from the keys (what chunk_inverse runs): one value head a program, two (SHARED_KEYS:
-    # both heads' A in 20 KB of shared memory, 211 registers as compiled) and two under
-    # register caps that trade spills for programs an SM; bits against one head a program
+    # from the keys (what chunk_inverse runs): one value head a program, two (SHARED_KEYS)
+    # and two under register caps, bits against one head a program. (Session 13 tried two
+    # heads with all ten K Kᵀ blocks formed in registers first and both heads' A in 20 KB of
+    # shared memory instead of 26: 211 registers, 252 µs against 248 for one head a program
+    # and 225 for the kernel as it is; reverted, docs/speed_log.md)
     from gdn_fused.kernels.gluon_kkt_solve import kkt_solve_from_k_gluon
     G = chunk_cumsum(g, CHUNK)
     one = kkt_solve_from_k_gluon(k, G, beta, HV, torch.bfloat16, shared_keys=False)

@@ -299,6 +299,14 @@ def _gated_block(acc, G_tile, beta_tile, row0, seqlen, HV: gl.constexpr, ib: gl.
 
 
 @gluon.jit
+def _coupling_slot(c_smem, ib: gl.constexpr, jb: gl.constexpr):
+    """Coupling block (ib, jb) of A in the (4 + 2)-block staging of kkt_solve_gluon_kernel,
+    whose order is _load_blocks': (1, 0), (2, 0), (2, 1), (3, 0), (3, 1), (3, 2)."""
+    c: gl.constexpr = ib * (ib - 1) // 2 + jb
+    return c_smem[c // 4].slice((c % 4) * BLOCK, BLOCK)
+
+
+@gluon.jit
 def kkt_solve_from_k_gluon_kernel(k, G, beta, Ai, cu_seqlens, chunk_indices, T, NBH,
                                   H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
                                   KA: gl.constexpr, KEYS: gl.constexpr,
@@ -317,11 +325,9 @@ def kkt_solve_from_k_gluon_kernel(k, G, beta, Ai, cu_seqlens, chunk_indices, T, 
     the coalesced layout of the key load; KEYS_SMEM: their shared layout
     (:func:`_key_layouts`). HEADS = 2 (:data:`SHARED_KEYS`, the default where HV / H is
     even): a program solves two adjacent value heads of one key head (NBH counts head pairs),
-    each K Kᵀ block formed once and gated for both, so 160 of a tile's 352 mma_v2 are shared:
-    −10 % of the kernel's time on the H200 (session 11, with the second head's A in 10 KB of
-    its own: 26 KB a program, 8 an SM). Since session 13 all ten K Kᵀ blocks are formed in
-    registers before any is staged, and both heads' A blocks then take the keys' 16 KB and
-    4 KB more: 20 KB a program (211 registers as compiled, no spills). Both
+    each K Kᵀ block formed once and gated for both; the second head's A goes to its own 10 KB
+    (as kkt_solve_gluon_kernel stages it), so 26 KB for two heads instead of 32, and 160 of a
+    tile's 352 mma_v2 are shared: −10 % of the kernel's time on the H200 (session 11). Both
     heads have one head a program's bits (tests/test_kkt_solve.py) since the substitution
     selects its row-0 term instead of multiplying it by T3's exact e₀ row (session 12): with
     the product, LLVM's SLP vectorizer ordered the first add of the second head's copy the
@@ -342,128 +348,53 @@ def kkt_solve_from_k_gluon_kernel(k, G, beta, Ai, cu_seqlens, chunk_indices, T, 
     c = gl.arange(0, KA, layout=gl.SliceLayout(0, KEYS))
     keys = gl.load(k + ((bos + row0 + r) * H + i_h)[:, None] * K + c[None, :],
                    mask=(row0 + r < seqlen)[:, None] & (c < K)[None, :], other=0.)
+    k_smem = gl.allocate_shared_memory(k.dtype.element_ty, [BT, KA], KEYS_SMEM)
+    k_smem.store(keys)
+    # fp32 rows [ib·R, (ib + 1)·R) of the same bytes: block row ib's staging area, slot 0
+    # (16 rows) its diagonal block, slot jb + 1 the block (ib, jb)
+    R: gl.constexpr = KA // 2
+    stage = k_smem._reinterpret(gl.float32, [NB * R, BLOCK], FLAT)
+    if HEADS == 2:
+        # the second head's A blocks, staged as kkt_solve_gluon_kernel stages them: the four
+        # diagonal ones stacked, the six coupling ones in _load_blocks' order (4 + 2)
+        l1_smem = gl.allocate_shared_memory(gl.float32, [NB * BLOCK, BLOCK], FLAT)
+        c1_smem = (gl.allocate_shared_memory(gl.float32, [4 * BLOCK, BLOCK], FLAT),
+                   gl.allocate_shared_memory(gl.float32, [2 * BLOCK, BLOCK], FLAT))
+    gl.thread_barrier()
     zero = gl.zeros([BLOCK, BLOCK], gl.float32, MMA)
-    if HEADS == 1:
-        k_smem = gl.allocate_shared_memory(k.dtype.element_ty, [BT, KA], KEYS_SMEM)
-        k_smem.store(keys)
-        # fp32 rows [ib·R, (ib + 1)·R) of the same bytes: block row ib's staging area, slot 0
-        # (16 rows) its diagonal block, slot jb + 1 the block (ib, jb)
-        R: gl.constexpr = KA // 2
-        stage = k_smem._reinterpret(gl.float32, [NB * R, BLOCK], FLAT)
-        gl.thread_barrier()
-        for ib in gl.static_range(NB - 1, -1, -1):
-            keys_ib = k_smem.slice(ib * BLOCK, BLOCK)
-            rows = keys_ib.load(A16_OP)
-            kk = mma_v2(rows, keys_ib.permute((1, 0)).load(B16_OP), zero)
-            a = _gated_block(kk, G_tile, beta_tile, row0, seqlen, HV, ib, ib)
-            gl.thread_barrier()  # key rows 16ib … read by every thread: free for A's blocks now
-            stage.slice(ib * R, BLOCK).store(a)
-            for jb in gl.static_range(ib):  # key rows above 16ib: not overwritten yet
-                cols = k_smem.slice(jb * BLOCK, BLOCK).permute((1, 0)).load(B16_OP)
-                kk = mma_v2(rows, cols, zero)
-                a = _gated_block(kk, G_tile, beta_tile, row0, seqlen, HV, ib, jb)
-                stage.slice(ib * R + (jb + 1) * BLOCK, BLOCK).store(a)
-        gl.thread_barrier()
-        cpl = (stage.slice(R + BLOCK, BLOCK), stage.slice(2 * R + BLOCK, BLOCK),
-               stage.slice(2 * R + 2 * BLOCK, BLOCK), stage.slice(3 * R + BLOCK, BLOCK),
-               stage.slice(3 * R + 2 * BLOCK, BLOCK), stage.slice(3 * R + 3 * BLOCK, BLOCK))
-        diag = (stage.slice(0, BLOCK), stage.slice(R, BLOCK), stage.slice(2 * R, BLOCK),
-                stage.slice(3 * R, BLOCK))
-        l3 = k_smem._reinterpret(gl.float32, [NB, R, BLOCK], STACK).slice(0, BLOCK, dim=1)
-        _solve_staged(l3, diag, cpl, t_tile, S, row0, seqlen)
-    else:
-        # the keys' buffer (16 KB) and 4 KB more hold both heads' A blocks (ten each): the ten
-        # K Kᵀ blocks are all formed, in registers (8 a thread each), before the keys' bytes
-        # are overwritten. Two buffers because a shared tile's dimensions are powers of two
-        stage = gl.allocate_shared_memory(gl.float32, [2 * KA, BLOCK], FLAT)
-        extra = gl.allocate_shared_memory(gl.float32, [4 * BLOCK, BLOCK], FLAT)
-        k_smem = stage._reinterpret(k.dtype.element_ty, [BT, KA], KEYS_SMEM)
-        k_smem.store(keys)
-        gl.thread_barrier()
-        kk = _kkt_blocks(k_smem, zero)
-        gl.thread_barrier()  # every key read: the bytes are A's now
-        # slots: the diagonal blocks of head 0 in 0-3 and of head 1 in 4-7 (a [4, 16, 16]
-        # view's offset is a multiple of its size), the coupling ones in 8-13 and 14-19
-        _stage_blocks(stage, extra, 0, 8, kk, G_tile, beta_tile, row0, seqlen, HV)
-        _stage_blocks(stage, extra, 4, 14, kk, G_tile + 1, beta_tile + 1, row0, seqlen, HV)
-        gl.thread_barrier()
-        _solve_head(stage, extra, 0, 8, t_tile, S, row0, seqlen)
-        _solve_head(stage, extra, 4, 14, t_tile + BT, S, row0, seqlen)
-
-
-@gluon.jit
-def _slot(stage, extra, i: gl.constexpr):
-    """Block slot i (16 × 16 fp32) of the two-head staging: the first 16 in stage, the last
-    four in extra."""
-    if i < 16:
-        view = stage.slice(i * BLOCK, BLOCK)
-    else:
-        view = extra.slice((i - 16) * BLOCK, BLOCK)
-    return view
-
-
-@gluon.jit
-def _solve_head(stage, extra, d: gl.constexpr, c: gl.constexpr, t_tile, S, row0, seqlen):
-    """_solve_staged of the A blocks _stage_blocks put in slots d … d + 3 (diagonal, in
-    stage) and c … c + 5 (coupling)."""
-    diag = (_slot(stage, extra, d), _slot(stage, extra, d + 1), _slot(stage, extra, d + 2),
-            _slot(stage, extra, d + 3))
-    cpl = (_slot(stage, extra, c), _slot(stage, extra, c + 1), _slot(stage, extra, c + 2),
-           _slot(stage, extra, c + 3), _slot(stage, extra, c + 4), _slot(stage, extra, c + 5))
-    _solve_staged(_stack(stage, d, NB), diag, cpl, t_tile, S, row0, seqlen)
-
-
-@gluon.jit
-def _kkt_blocks(k_smem, zero):
-    """The ten lower 16 × 16 blocks of K Kᵀ from the keys in shared memory, each one mma_v2
-    product of the same operands as the one-head path's, in _load_blocks' order: the four
-    diagonal ones, then (1, 0), (2, 0), (2, 1), (3, 0), (3, 1), (3, 2). One block row's keys
-    in registers at a time."""
-    rows = k_smem.slice(0, BLOCK).load(A16_OP)
-    kk00 = mma_v2(rows, _key_columns(k_smem, 0), zero)
-    rows = k_smem.slice(BLOCK, BLOCK).load(A16_OP)
-    kk11 = mma_v2(rows, _key_columns(k_smem, 1), zero)
-    kk10 = mma_v2(rows, _key_columns(k_smem, 0), zero)
-    rows = k_smem.slice(2 * BLOCK, BLOCK).load(A16_OP)
-    kk22 = mma_v2(rows, _key_columns(k_smem, 2), zero)
-    kk20 = mma_v2(rows, _key_columns(k_smem, 0), zero)
-    kk21 = mma_v2(rows, _key_columns(k_smem, 1), zero)
-    rows = k_smem.slice(3 * BLOCK, BLOCK).load(A16_OP)
-    kk33 = mma_v2(rows, _key_columns(k_smem, 3), zero)
-    kk30 = mma_v2(rows, _key_columns(k_smem, 0), zero)
-    kk31 = mma_v2(rows, _key_columns(k_smem, 1), zero)
-    kk32 = mma_v2(rows, _key_columns(k_smem, 2), zero)
-    return kk00, kk11, kk22, kk33, kk10, kk20, kk21, kk30, kk31, kk32
-
-
-@gluon.jit
-def _key_columns(k_smem, jb: gl.constexpr):
-    """Key rows 16jb … 16jb + 15 as the B operand (Kᵀ's columns) of a K Kᵀ block."""
-    return k_smem.slice(jb * BLOCK, BLOCK).permute((1, 0)).load(B16_OP)
-
-
-@gluon.jit
-def _stage_blocks(stage, extra, d: gl.constexpr, c: gl.constexpr, kk, G_tile, beta_tile,
-                  row0, seqlen, HV: gl.constexpr):
-    """One head's A blocks, gated from the K Kᵀ blocks kk (_kkt_blocks' order), into slots of
-    the two-head staging (:func:`_slot`): the four diagonal blocks in d … d + 3, the six
-    coupling ones in c … c + 5 (the order _solve_staged's views take)."""
-    for b in gl.static_range(NB):
-        _slot(stage, extra, d + b).store(
-            _gated_block(kk[b], G_tile, beta_tile, row0, seqlen, HV, b, b))
-    _stage_coupling(stage, extra, c + 0, kk[4], G_tile, beta_tile, row0, seqlen, HV, 1, 0)
-    _stage_coupling(stage, extra, c + 1, kk[5], G_tile, beta_tile, row0, seqlen, HV, 2, 0)
-    _stage_coupling(stage, extra, c + 2, kk[6], G_tile, beta_tile, row0, seqlen, HV, 2, 1)
-    _stage_coupling(stage, extra, c + 3, kk[7], G_tile, beta_tile, row0, seqlen, HV, 3, 0)
-    _stage_coupling(stage, extra, c + 4, kk[8], G_tile, beta_tile, row0, seqlen, HV, 3, 1)
-    _stage_coupling(stage, extra, c + 5, kk[9], G_tile, beta_tile, row0, seqlen, HV, 3, 2)
-
-
-@gluon.jit
-def _stage_coupling(stage, extra, slot: gl.constexpr, kk, G_tile, beta_tile, row0, seqlen,
-                    HV: gl.constexpr, ib: gl.constexpr, jb: gl.constexpr):
-    """Block (ib, jb) of A, gated from its K Kᵀ block, into slot ``slot``."""
-    _slot(stage, extra, slot).store(_gated_block(kk, G_tile, beta_tile, row0, seqlen, HV, ib, jb))
+    for ib in gl.static_range(NB - 1, -1, -1):
+        keys_ib = k_smem.slice(ib * BLOCK, BLOCK)
+        rows = keys_ib.load(A16_OP)
+        kk = mma_v2(rows, keys_ib.permute((1, 0)).load(B16_OP), zero)
+        a = _gated_block(kk, G_tile, beta_tile, row0, seqlen, HV, ib, ib)
+        if HEADS == 2:
+            l1_smem.slice(ib * BLOCK, BLOCK).store(
+                _gated_block(kk, G_tile + 1, beta_tile + 1, row0, seqlen, HV, ib, ib))
+        gl.thread_barrier()  # key rows 16ib … read by every thread: free for A's blocks now
+        stage.slice(ib * R, BLOCK).store(a)
+        for jb in gl.static_range(ib):  # key rows above 16ib: not overwritten yet
+            cols = k_smem.slice(jb * BLOCK, BLOCK).permute((1, 0)).load(B16_OP)
+            kk = mma_v2(rows, cols, zero)
+            a = _gated_block(kk, G_tile, beta_tile, row0, seqlen, HV, ib, jb)
+            stage.slice(ib * R + (jb + 1) * BLOCK, BLOCK).store(a)
+            if HEADS == 2:
+                _coupling_slot(c1_smem, ib, jb).store(
+                    _gated_block(kk, G_tile + 1, beta_tile + 1, row0, seqlen, HV, ib, jb))
+    gl.thread_barrier()
+    cpl = (stage.slice(R + BLOCK, BLOCK), stage.slice(2 * R + BLOCK, BLOCK),
+           stage.slice(2 * R + 2 * BLOCK, BLOCK), stage.slice(3 * R + BLOCK, BLOCK),
+           stage.slice(3 * R + 2 * BLOCK, BLOCK), stage.slice(3 * R + 3 * BLOCK, BLOCK))
+    diag = (stage.slice(0, BLOCK), stage.slice(R, BLOCK), stage.slice(2 * R, BLOCK),
+            stage.slice(3 * R, BLOCK))
+    l3 = k_smem._reinterpret(gl.float32, [NB, R, BLOCK], STACK).slice(0, BLOCK, dim=1)
+    _solve_staged(l3, diag, cpl, t_tile, S, row0, seqlen)
+    if HEADS == 2:
+        cpl = (c1_smem[0].slice(0, BLOCK), c1_smem[0].slice(BLOCK, BLOCK),
+               c1_smem[0].slice(2 * BLOCK, BLOCK), c1_smem[0].slice(3 * BLOCK, BLOCK),
+               c1_smem[1].slice(0, BLOCK), c1_smem[1].slice(BLOCK, BLOCK))
+        diag = (l1_smem.slice(0, BLOCK), l1_smem.slice(BLOCK, BLOCK),
+                l1_smem.slice(2 * BLOCK, BLOCK), l1_smem.slice(3 * BLOCK, BLOCK))
+        _solve_staged(_stack(l1_smem, 0, NB), diag, cpl, t_tile + BT, S, row0, seqlen)
 
 
 def kkt_solve_gluon(A, output_dtype=torch.float32, cu_seqlens=None, chunk_indices=None,
