@@ -497,14 +497,12 @@ def sweep_launch(shapes):
 
 def sweep_forward_t(shapes):
     """forward_t (the fused backend's kernel after the inverse) at each shape: by default, with
-    P formed by the W/U warpgroup (P_ON_WU), with two staging tiles for O (O_BUFFERS = 2),
-    with O stored from registers (O_TMA False), with the W/U warpgroup's products cued by
-    the chain (WU_AFTER_X), with the chain's decay vector formed by the W/U warpgroup
-    (DECAY_ON_WU) and with the last two together, split as the route splits, each against the default's o; then,
-    unsplit, its roles added one at a time (the chain alone with W and U from HBM, + the W/U
-    warpgroup, + one output warpgroup, and the chain with one or two output warpgroups and W,
-    U from HBM, the latter also storing O from registers): what each role adds to a chunk
-    step. do_bench medians in µs."""
+    P formed by the W/U warpgroup (P_ON_WU), with two staging tiles for O (O_BUFFERS = 2)
+    and by default again (the first timing of a shape ran 5–10 % slow in session 13's run),
+    split as the route splits, each against the default's o; then, unsplit, its roles added
+    one at a time (the chain alone with W and U from HBM, + the W/U warpgroup, + one output
+    warpgroup, and the chain with one or two output warpgroups and W, U from HBM): what each
+    role adds to a chunk step. do_bench medians in µs."""
     import triton
     forward_t = _gluon_kernel("gluon_transposed", "forward_t",
                               "GDN_BENCH_SKIP_GLUON_T_EXPERIMENTAL")
@@ -532,9 +530,6 @@ def sweep_forward_t(shapes):
                 q, k, w, u, rows_g, 0.1, h0, True, True, stages, 1, False, output_groups=1),
             "chain + two output warpgroups, W and U from HBM": lambda: gt._launch(
                 q, k, w, u, rows_g, 0.1, h0, True, True, stages, 1, False, output_groups=2),
-            "chain + two output warpgroups storing O from registers": lambda: gt._launch(
-                q, k, w, u, rows_g, 0.1, h0, True, True, stages, 1, False, output_groups=2,
-                variant=dict(O_TMA=False)),
         }
         for name, fn in roles.items():
             fn()
@@ -544,11 +539,7 @@ def sweep_forward_t(shapes):
         o_ref = None
         variants = {"default": {}, "P on the W/U warpgroup": dict(variant=dict(P_ON_WU=True)),
                     "two staging tiles for O": dict(variant=dict(O_BUFFERS=2)),
-                    "O stored from registers": dict(variant=dict(O_TMA=False)),
-                    "W/U products cued by the chain": dict(variant=dict(WU_AFTER_X=True)),
-                    "decay vector from the W/U warpgroup": dict(variant=dict(DECAY_ON_WU=True)),
-                    "decay vector from W/U, O from registers": dict(
-                        variant=dict(DECAY_ON_WU=True, O_TMA=False))}
+                    "default, again": {}}
         for name, kw in variants.items():
             o, _ = forward_t(q, k, v, G, beta, Ai, 0.1, h0, True, **kw)
             o_ref = o if o_ref is None else o_ref

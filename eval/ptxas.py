@@ -16,7 +16,7 @@ H = 16, HV = 32, K = V = 128, chunk 64). ``--loops`` disassembles the sm_90a cub
 nvdisasm) and counts the SASS instructions of each innermost loop: for a warp-specialized kernel
 that is each role's work a chunk step (the chain's loop holds its 12 HGMMA, the W/U one 8, the
 output's 20), the quantity the session-12 diagnostics say lengthens the chain's step;
-``--set`` overrides constexprs (launch variants, e.g. ``--set DECAY_ON_WU=True``).
+``--set`` overrides constexprs (launch variants, e.g. ``--set P_ON_WU=True``).
 """
 from __future__ import annotations
 
@@ -357,7 +357,7 @@ def _main(argv) -> int:
     p.add_argument("--loops", action="store_true",
                    help="also count each innermost loop's SASS instructions (sm_90a)")
     p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
-                   help="constexpr overrides (Python literals), e.g. DECAY_ON_WU=True")
+                   help="constexpr overrides (Python literals), e.g. P_ON_WU=True")
     args = p.parse_args(argv)
     import ast
     overrides = {}

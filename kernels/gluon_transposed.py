@@ -123,9 +123,6 @@ MAXNREG_WU = 128  # 4 + 4 + 1 + 4 warps, padded to 16: 65,536 / (16 · 32)
 # the W/U one's adds Q Kᵀ's accumulator and the mask's fp64 differences
 OUT_REGS_P = gl.constexpr(96)
 WU_REGS_P = gl.constexpr(160)
-# with the chain's decay vector formed by the W/U warpgroup (DECAY_ON_WU): its fp64 gate
-# arithmetic moves there (the chain's share of setmaxnreg then 232 → 208)
-WU_REGS_DECAY = gl.constexpr(152)
 # O's TMA staging tiles an output warpgroup. Leaving the O store out took forward_t's step
 # 2.19 → 2.00 µs at (1, 32768), but a second tile (each chunk's O then waits only for the
 # store two chunks back) measured no faster: forward_t 1,059 vs 1,062 µs at (1, 32768), 637
@@ -137,13 +134,13 @@ O_STAGING = gl.constexpr(1)
 OUTPUT_GROUPS = 2
 MAXNREG_TWO_OUTPUTS = 128
 # the main launch's constexprs chunk_state_output_t's and forward_t's ``variant`` may set
-# (launch variants for eval.bench, each measured or to be measured, docs/speed_log.md): Q in
-# registers with the early stage release, the two output groups' registers, O's staging tiles
-# or O stored from registers; with W/U on chip, the W/U warpgroup's products cued by the
-# chain, the chain's decay vector or P formed by the W/U warpgroup (P_ON_WU: no faster,
-# session 12)
-VARIANT_KEYS = frozenset({"Q_REGS", "OUT_REGS_TWO", "O_BUFFERS", "O_TMA", "WU_AFTER_X",
-                          "DECAY_ON_WU", "P_ON_WU"})
+# (launch variants for eval.bench, each measured, docs/speed_log.md): Q in registers with the
+# early stage release, the two output groups' registers, O's staging tiles; with W/U on chip,
+# P formed by the W/U warpgroup (P_ON_WU: no faster, session 12). Session 13 measured three
+# more, bit-identical and slower at (1, 32768), and removed them: O stored from registers
+# (1,059 → 1,127 µs), the W/U products cued by the chain's S Wᵀ (1,072) and the chain's decay
+# vector formed by the W/U warpgroup (1,086; its chain loop 584 → 362 SASS instructions a step)
+VARIANT_KEYS = frozenset({"Q_REGS", "OUT_REGS_TWO", "O_BUFFERS", "P_ON_WU"})
 
 
 @gluon.jit
@@ -189,9 +186,7 @@ def _masked_scores(qk, b_G, b_Gj, valid, o_t, o_j):
 
 @gluon.jit
 def _wu_partition(k_bufs, t_bufs, v_bufs, g_bufs, ready, empty, wp_bufs, up_bufs, wu_ready,
-                  c0, n, q_bufs, p_bufs, p_ready, sv_empty, T, P_ON_WU: gl.constexpr,
-                  x_done=None, WU_AFTER_X: gl.constexpr = False, dk_bufs=None, gm_bufs=None,
-                  DECAY_ON_WU: gl.constexpr = False):
+                  c0, n, q_bufs, p_bufs, p_ready, sv_empty, T, P_ON_WU: gl.constexpr):
     """Per chunk, W = T D_{βe^G} K and U = T D_β V into stage i_t % STAGES of wp_bufs / up_bufs,
     from the ring's T (bf16 [C, C]), k and v tiles: D scales T's columns in registers (the A
     operand), so k and v enter the products as loaded. (recompute_w_u scales k's and v's rows
@@ -199,11 +194,7 @@ def _wu_partition(k_bufs, t_bufs, v_bufs, g_bufs, ready, empty, wp_bufs, up_bufs
     chunk's P = (Q Kᵀ) ⊙ M into p_bufs (ready on p_ready) for the output warpgroup, once that
     warpgroup has read the stage's previous P (sv_empty, which it arrives on after its
     products): P does not depend on the state, so the output's chunk, the longest role a
-    step, shrinks to its two products after the chain. WU_AFTER_X: W's and U's products of
-    chunk j wait until the chain's S Wᵀ of chunk j − 1 has retired (x_done: a timing signal
-    only, no data passes through it). DECAY_ON_WU: it also forms the chain's decay vector and
-    γ into dk_bufs / gm_bufs, taking the fp64 gate arithmetic and G_C's reduction off the
-    chain."""
+    step, shrinks to its two products after the chain."""
     BT: gl.constexpr = k_bufs.type.shape[1]
     K: gl.constexpr = k_bufs.type.shape[2]
     BVr: gl.constexpr = v_bufs.type.shape[2]
@@ -223,10 +214,6 @@ def _wu_partition(k_bufs, t_bufs, v_bufs, g_bufs, ready, empty, wp_bufs, up_bufs
         # β is 0 past T (the gate rows are zero-padded), so those columns of T drop out
         a = gl.convert_layout((t * (b_beta * gl.exp(b_G.to(gl.float32)))[None, :])
                               .to(gl.bfloat16), a_w)
-        if WU_AFTER_X and j > 0:
-            # issue W's and U's products once the chain's S Wᵀ of the previous chunk has
-            # retired: in the chain's vector work, not queued beside its products
-            mbarrier.wait(x_done.index((j - 1) % STAGES), ((j - 1) // STAGES) & 1)
         b_w = warpgroup_mma(a, k_bufs.index(s), gl.zeros([BT, K], gl.float32, acc_k),
                             use_acc=False)
         wp_bufs.index(s).store(b_w.to(gl.bfloat16))
@@ -234,12 +221,6 @@ def _wu_partition(k_bufs, t_bufs, v_bufs, g_bufs, ready, empty, wp_bufs, up_bufs
         b_u = warpgroup_mma(a, v_bufs.index(s), gl.zeros([BT, BVr], gl.float32, acc_v),
                             use_acc=False)
         up_bufs.index(s).store(b_u.to(gl.bfloat16))
-        if DECAY_ON_WU:
-            # the chain's decay vector and γ, by the chain's own code and layouts (the same
-            # bits), ready with W and U
-            decay, gam = _chunk_decay(b_G, c0 + j, T, gl.arange(0, BT, layout=cols))
-            dk_bufs.index(s).store(decay)
-            gm_bufs.index(s).store(gl.zeros([K], gl.float32, gl.SliceLayout(0, acc_k)) + gam)
         # W and U are read by the chain's wgmmas (the async proxy): fence, all four warps,
         # then one arrive for them and one for the ring stage (its k, T, v reads are done)
         fence_async_shared()
@@ -308,7 +289,7 @@ def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv
                       HV: gl.constexpr, V: gl.constexpr, STORE_H: gl.constexpr, h,
                       group: gl.constexpr = 0, GROUPS: gl.constexpr = 1,
                       Q_REGS: gl.constexpr = True, p_bufs=None, p_ready=None,
-                      P_ON_WU: gl.constexpr = False, O_TMA: gl.constexpr = True):
+                      P_ON_WU: gl.constexpr = False):
     """Per chunk: P = (Q Kᵀ) ⊙ M and, once the chain has put h_c and V' in shared memory,
     O = scale (D_{e^G} Q h_c + P V') into o; with STORE_H, h_c and V' into h and o instead.
 
@@ -318,7 +299,6 @@ def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv
     has both forms' times). h_c and V' are released on their own barrier (sv_empty) once O's
     products have read them.
 
-    O_TMA False: every chunk's O is stored from registers (as a partial chunk's always is).
     With GROUPS output warpgroups, this one (``group``) takes chunks j ≡ group (mod GROUPS),
     always the same ring stage(s), and its own staging tiles of o_smem ([GROUPS · n, C, BV]:
     n a group, taken in turn, so that a chunk's O waits only for the TMA store n chunks
@@ -378,7 +358,7 @@ def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv
             mbarrier.arrive(empty.index(s), count=1)
         out = (b_o * scale).to(o_desc.dtype)
         row = bos + i_t * BT
-        if O_TMA and (i_t + 1) * BT <= T:
+        if (i_t + 1) * BT <= T:
             # the TMA store that last read this staging tile (O_BUFS of this group's chunks
             # back) must be done before it is rewritten; the newer ones may still run
             tile = o_smem.index(group * O_BUFS + (j // GROUPS) % O_BUFS)
@@ -388,8 +368,8 @@ def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv
             gl.thread_barrier()
             tma.async_copy_shared_to_global(o_desc, [row, col], tile)
         else:
-            # a partial chunk (a TMA box would write into the next sequence's rows), or every
-            # chunk without O_TMA: stored from registers
+            # a partial chunk (a TMA box would write into the next sequence's rows): stored
+            # from registers
             o_v = gl.arange(0, BVr, layout=gl.SliceLayout(0, acc))
             gl.store(o + (row + o_t).to(gl.int64)[:, None] * (HV * V) + col + o_v[None, :],
                      out, mask=valid[:, None])
@@ -412,8 +392,7 @@ def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_b
                      HV: gl.constexpr, K: gl.constexpr, SW: gl.constexpr,
                      USE_INITIAL_STATE: gl.constexpr, STORE_FINAL_STATE: gl.constexpr,
                      HANDOFF: gl.constexpr, MAP: gl.constexpr, NS: gl.constexpr,
-                     WU: gl.constexpr, x_done=None, WU_AFTER_X: gl.constexpr = False,
-                     dk_bufs=None, gm_bufs=None, DECAY_ON_WU: gl.constexpr = False):
+                     WU: gl.constexpr):
     """The state recurrence (w_bufs / u_bufs: the ring's W and U tiles, or with WU the W/U
     warpgroup's, ready on wu_ready); HANDOFF: hand h_c and V' to the second warpgroup."""
     BT: gl.constexpr = k_bufs.type.shape[1]
@@ -452,19 +431,12 @@ def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_b
             # first STAGES times, as the ring's empty barriers)
             mbarrier.wait(sv_empty.index(s), phase ^ 1)
             st_bufs.index(s).store(s16)  # h_c for the output warpgroup, while W S runs
-        if DECAY_ON_WU:
-            # formed by the W/U warpgroup (ready with W and U): γ as a [K] row
-            decay = dk_bufs.index(s).load(gl.SliceLayout(0, acc_t))
-            gam = gm_bufs.index(s).load(gl.SliceLayout(0, acc_k))[None, :]
-        else:
-            # the chunk's gates from the ring (no global load: the step's proxy fence would
-            # wait for it)
-            b_G = _gate_row(g_bufs, s, 0).load(gl.SliceLayout(0, acc_t))
-            decay, gam = _chunk_decay(b_G, i_t, T, o_c)
+        # the chunk's gates from the ring (no global load: the step's proxy fence would wait
+        # for it)
+        b_G = _gate_row(g_bufs, s, 0).load(gl.SliceLayout(0, acc_t))
+        decay, gam = _chunk_decay(b_G, i_t, T, o_c)
         # register operands stay live (deps) until the products reading them have retired
         X, s_op = warpgroup_mma_wait(num_outstanding=0, deps=[X, s_op])
-        if WU_AFTER_X:
-            mbarrier.arrive(x_done.index(s), count=1)  # the W/U warpgroup's cue (timing only)
         # (u read before the wait: ptxas then spills with two output warpgroups and the
         # kernel was slower, 791 → 845 µs; docs/speed_log.md)
         vn = u_bufs.index(s).permute((1, 0)).load(acc_t).to(gl.float32)
@@ -505,10 +477,7 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
                                 Q_REGS: gl.constexpr = True,
                                 OUT_REGS_TWO: gl.constexpr = OUT_REGS,
                                 P_ON_WU: gl.constexpr = False,
-                                O_BUFFERS: gl.constexpr = O_STAGING,
-                                O_TMA: gl.constexpr = True,
-                                WU_AFTER_X: gl.constexpr = False,
-                                DECAY_ON_WU: gl.constexpr = False):
+                                O_BUFFERS: gl.constexpr = O_STAGING):
     """Grid (SW / BV, B·HV, segments). MAP: the state pass alone over the K + V columns of
     [M | b] from [I | 0] (SW = K + V) for segments 0 … NS − 2, each stored to ht's segment
     slab; else the pass with the output over segment i_seg (SW = V), starting from h0's
@@ -519,16 +488,10 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
     OUT_GROUPS = 2 (with OUTPUT or STORE_H, without WU): two output (or store) warpgroups take
     alternate chunks. P_ON_WU (with WU and OUTPUT): the W/U warpgroup forms each chunk's
     masked scores P for the output warpgroup (8 KB a stage more shared memory). O_BUFFERS:
-    TMA staging tiles of O an output warpgroup (8 KB each); O_TMA False: O stored from
-    registers by every thread (gl.store), no staging tile, fence or barrier. WU_AFTER_X (with
-    WU): the W/U warpgroup issues a chunk's products only once the chain's S Wᵀ of the
-    previous chunk has retired. DECAY_ON_WU (with WU): the W/U warpgroup forms the chain's
-    decay vector and γ (1.5 KB a stage)."""
+    TMA staging tiles of O an output warpgroup (8 KB each)."""
     gl.static_assert(OUT_GROUPS == 1 or ((OUTPUT or STORE_H) and not WU),
                      "two output groups need the output or STORE_H")
     gl.static_assert(not (STORE_H and (OUTPUT or MAP)), "STORE_H replaces the output")
-    gl.static_assert(WU or not WU_AFTER_X, "WU_AFTER_X cues the W/U warpgroup")
-    gl.static_assert(WU or not DECAY_ON_WU, "DECAY_ON_WU needs the W/U warpgroup")
     BT: gl.constexpr = k_desc.block_type.shape[0]
     BVr: gl.constexpr = u_desc.block_type.shape[1]
     if MAP:
@@ -602,22 +565,6 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
         for i in gl.static_range(STAGES):
             mbarrier.init(wu_ready.index(i), count=1)
         P_WU: gl.constexpr = P_ON_WU and OUTPUT
-        if WU_AFTER_X:
-            # the chain's cue to the W/U warpgroup
-            x_done = gl.allocate_shared_memory(gl.int64, [STAGES, 1],
-                                               mbarrier.MBarrierLayout())
-            for i in gl.static_range(STAGES):
-                mbarrier.init(x_done.index(i), count=1)
-        else:
-            x_done = wu_ready  # unused
-        if DECAY_ON_WU:
-            # the chain's decay vector [C] and γ as a [K] row, a stage each
-            flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
-            dk_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BT], flat)
-            gm_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, K], flat)
-        else:
-            dk_bufs = wp_bufs  # unused
-            gm_bufs = wp_bufs
         if P_WU:
             # P of each stage, formed by the W/U warpgroup for the output warpgroup
             p_bufs = gl.allocate_shared_memory(
@@ -634,20 +581,18 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
             (_chain_partition, (k_bufs, wp_bufs, up_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                 sv_ready, sv_empty, wu_ready, h0, ht, T, c0, n, i_n, i_hv,
                                 i_v, i_seg, HV, K, SW, USE_INITIAL_STATE, STORE_FINAL_STATE,
-                                HANDOFF, MAP, NS, WU, x_done, WU_AFTER_X, dk_bufs, gm_bufs,
-                                DECAY_ON_WU)),
+                                HANDOFF, MAP, NS, WU)),
             (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                  sv_ready, sv_empty, o_smem, o_desc, o, scale, T, c0,
                                  n if HANDOFF else 0, i_n, i_hv, i_v, HV, V, STORE_H, h, 0, 1,
-                                 Q_REGS, p_bufs, p_ready, P_WU, O_TMA)),
+                                 Q_REGS, p_bufs, p_ready, P_WU)),
             (load_ring, (ring[0], ring[1], ring[2], (ready, empty), i_n * T + c0 * BT, n,
                          g_desc, g_bufs, g_row, c0 * BT)),
             (_wu_partition, (k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, wp_bufs, up_bufs,
-                             wu_ready, c0, n, q_bufs, p_bufs, p_ready, sv_empty, T, P_WU,
-                             x_done, WU_AFTER_X, dk_bufs, gm_bufs, DECAY_ON_WU)),
+                             wu_ready, c0, n, q_bufs, p_bufs, p_ready, sv_empty, T, P_WU)),
         ], [OUT_WARPS, LOAD_WARPS, WU_WARPS],
             [OUT_REGS_P if P_WU else OUT_REGS, LOAD_REGS,
-             WU_REGS_P if P_WU else (WU_REGS_DECAY if DECAY_ON_WU else WU_REGS)])
+             WU_REGS_P if P_WU else WU_REGS])
     elif OUT_GROUPS == 2:
         # the output's chunk latency (three dependent products, the mask, the store) is longer
         # than the chain's step: two output warpgroups take alternate chunks
@@ -659,11 +604,11 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
             (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                  sv_ready, sv_empty, o_smem, o_desc, o, scale, T, c0,
                                  n, i_n, i_hv, i_v, HV, V, STORE_H, h, 0, 2, Q_REGS, None,
-                                 None, False, O_TMA)),
+                                 None, False)),
             (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                  sv_ready, sv_empty, o_smem, o_desc, o, scale, T, c0,
                                  n, i_n, i_hv, i_v, HV, V, STORE_H, h, 1, 2, Q_REGS, None,
-                                 None, False, O_TMA)),
+                                 None, False)),
             (load_ring, (ring[0], ring[1], ring[2], (ready, empty), i_n * T + c0 * BT, n,
                          g_desc, g_bufs, g_row, c0 * BT)),
         ], [OUT_WARPS, OUT_WARPS, LOAD_WARPS], [OUT_REGS_TWO, OUT_REGS_TWO, LOAD_REGS])
@@ -677,7 +622,7 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
             (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                  sv_ready, sv_empty, o_smem, o_desc, o, scale, T, c0,
                                  n if HANDOFF else 0, i_n, i_hv, i_v, HV, V, STORE_H, h, 0, 1,
-                                 Q_REGS, None, None, False, O_TMA)),
+                                 Q_REGS, None, None, False)),
             (load_ring, (ring[0], ring[1], ring[2], (ready, empty), i_n * T + c0 * BT, n,
                          g_desc, g_bufs, g_row, c0 * BT)),
         ], [OUT_WARPS, LOAD_WARPS], [OUT_REGS, LOAD_REGS])

@@ -57,7 +57,7 @@ if want gluon; then
   # the materialized forward routes through this kernel too: off with it when it fails
   [ "${PIPESTATUS[0]}" = 0 ] || export GDN_BENCH_SKIP_GLUON_T=1 GDN_STATE_OUTPUT_KERNEL=0
   # its experimental modes (forward_t: W/U on chip; chunk_state_t: h and v_new stored; the
-  # launch variants' bit-identity, WU_AFTER_X's extra mbarrier included) on their own leash
+  # launch variants' bit-identity) on their own leash
   timeout 300 python3 -m pytest -m gpu -q -s -rs -k "w_u_on_chip or storing_h or same_bits" \
     tests/test_gluon_transposed.py 2>&1 | tee -a "$OUT/gluon_output_tests.log"
   [ "${PIPESTATUS[0]}" = 0 ] || export GDN_BENCH_SKIP_GLUON_T_EXPERIMENTAL=1
