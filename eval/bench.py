@@ -638,16 +638,22 @@ def sweep_kkt_solve(bandwidth, B=8, T=4096):
                                            return_mode="median")
         rows.append(dict(kw, us=us, frac_bw=floor_us / us, diff=err))
         print(rows[-1], flush=True)
-    # from the keys (what chunk_inverse runs): one value head a program, two (SHARED_KEYS)
-    # and two under register caps, bits against one head a program. (Session 13 tried two
-    # heads with all ten K Kᵀ blocks formed in registers first and both heads' A in 20 KB of
-    # shared memory instead of 26: 211 registers, 252 µs against 248 for one head a program
-    # and 225 for the kernel as it is; reverted, docs/speed_log.md)
+    # from the keys (what chunk_inverse runs): one value head a program, two (SHARED_KEYS),
+    # with each head's G and β rows staged in shared memory once a chunk (STAGED_GATES) or
+    # loaded by every block's gating, and under a register cap; bits against one head a
+    # program. (Session 13 also tried two heads with all ten K Kᵀ blocks formed in registers
+    # first and both heads' A in 20 KB of shared memory instead of 26: 211 registers, 252 µs
+    # against 248 for one head a program and 225 for the 26 KB form; reverted,
+    # docs/speed_log.md)
     from gdn_fused.kernels.gluon_kkt_solve import kkt_solve_from_k_gluon
     G = chunk_cumsum(g, CHUNK)
-    one = kkt_solve_from_k_gluon(k, G, beta, HV, torch.bfloat16, shared_keys=False)
-    for kw in (dict(shared_keys=False), dict(shared_keys=True),
-               dict(shared_keys=True, maxnreg=184), dict(shared_keys=True, maxnreg=168)):
+    one = kkt_solve_from_k_gluon(k, G, beta, HV, torch.bfloat16, shared_keys=False,
+                                 staged_gates=False)
+    variants = [dict(shared_keys=h, staged_gates=st) for st in (False, True) for h in (False, True)]
+    # (the first timing of a run has come out slow: the unstaged two-head form again last)
+    variants += [dict(shared_keys=True, staged_gates=True, maxnreg=184),
+                 dict(shared_keys=True, staged_gates=False)]
+    for kw in variants:
         same = torch.equal(kkt_solve_from_k_gluon(k, G, beta, HV, torch.bfloat16, **kw), one)
         us = 1e3 * triton.testing.do_bench(
             lambda: kkt_solve_from_k_gluon(k, G, beta, HV, torch.bfloat16, **kw),

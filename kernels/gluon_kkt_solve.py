@@ -65,6 +65,10 @@ NUM_WARPS = 1
 # select (session 12) both heads of a pair have one head a program's bits
 # (tests/test_kkt_solve.py, test_gluon_from_k_with_shared_keys)
 SHARED_KEYS = True
+# kkt_solve_from_k_gluon_kernel's STAGED_GATES: each head's G and β rows of the chunk loaded once
+# and staged in shared memory (+0.75 KB a head), instead of loaded from global memory by every
+# block's gating (session 13; timed against each other by eval.bench --sweep kkt)
+STAGED_GATES = True
 
 # the substitution's [block, column, row] tile: rows (dim 2) wholly in registers, 8 lanes × 2
 # columns span a block's 16 columns, 4 lanes the 4 blocks
@@ -74,6 +78,10 @@ COLUMNS = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 2, 16], threads_per_
 LOAD3 = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 1, 4], threads_per_warp=[1, 8, 4],
                                       warps_per_cta=[1, 1, 1], order=[2, 1, 0]))
 FLAT = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+# a chunk's 64 gate or β values across the warp's lanes, and in shared memory
+ROW_SMEM = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+ROW = gl.constexpr(gl.BlockedLayout(size_per_thread=[2], threads_per_warp=[32],
+                                    warps_per_cta=[1], order=[0]))
 STACK = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0]))
 MMA = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1],
                                              instr_shape=[16, 8]))
@@ -282,17 +290,24 @@ def kkt_solve_gluon_kernel(A, Ai, cu_seqlens, chunk_indices, T, NBH, HV: gl.cons
 
 
 @gluon.jit
-def _gated_block(acc, G_tile, beta_tile, row0, seqlen, HV: gl.constexpr, ib: gl.constexpr,
-                 jb: gl.constexpr):
+def _gated_block(acc, g_row, b_row, row0, seqlen, ib: gl.constexpr, jb: gl.constexpr,
+                 HV: gl.constexpr, STAGED: gl.constexpr):
     """Block (ib, jb) of A = strictLower(diag(β)(Γ ⊙ K Kᵀ)) from its K Kᵀ block acc (MMA
-    layout): chunk_kkt's arithmetic (the G difference in G's dtype, fp64, then exp in fp32),
-    0 on and above the diagonal and on rows past the sequence end."""
+    layout) and the head's G and β rows: STAGED, g_row and b_row are [64] in shared memory (0
+    past the sequence end); else pointers to the head's chunk in G and β (row stride HV).
+    chunk_kkt's arithmetic (the G difference in G's dtype, fp64, then exp in fp32), 0 on and
+    above the diagonal and on rows past the sequence end."""
     ri = ib * BLOCK + gl.arange(0, BLOCK, layout=gl.SliceLayout(1, MMA))
     cj = jb * BLOCK + gl.arange(0, BLOCK, layout=gl.SliceLayout(0, MMA))
     valid = row0 + ri < seqlen
-    G_i = gl.load(G_tile + ri * HV, mask=valid, other=0.)
-    G_j = gl.load(G_tile + cj * HV, mask=row0 + cj < seqlen, other=0.)
-    b_i = gl.load(beta_tile + ri * HV, mask=valid, other=0.).to(gl.float32)
+    if STAGED:
+        G_i = g_row.slice(ib * BLOCK, BLOCK).load(gl.SliceLayout(1, MMA))
+        G_j = g_row.slice(jb * BLOCK, BLOCK).load(gl.SliceLayout(0, MMA))
+        b_i = b_row.slice(ib * BLOCK, BLOCK).load(gl.SliceLayout(1, MMA)).to(gl.float32)
+    else:
+        G_i = gl.load(g_row + ri * HV, mask=valid, other=0.)
+        G_j = gl.load(g_row + cj * HV, mask=row0 + cj < seqlen, other=0.)
+        b_i = gl.load(b_row + ri * HV, mask=valid, other=0.).to(gl.float32)
     mask = (ri[:, None] > cj[None, :]) & valid[:, None]
     diff = (G_i[:, None] - G_j[None, :]).to(gl.float32)
     return gl.where(mask, acc * gl.exp(gl.where(mask, diff, 0.)) * b_i[:, None], 0.)
@@ -307,11 +322,19 @@ def _coupling_slot(c_smem, ib: gl.constexpr, jb: gl.constexpr):
 
 
 @gluon.jit
+def _staged(x):
+    """x (a head's chunk of G or β, [64]) in shared memory."""
+    row = gl.allocate_shared_memory(x.dtype, [x.shape[0]], ROW_SMEM)
+    row.store(x)
+    return row
+
+
+@gluon.jit
 def kkt_solve_from_k_gluon_kernel(k, G, beta, Ai, cu_seqlens, chunk_indices, T, NBH,
                                   H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
                                   KA: gl.constexpr, KEYS: gl.constexpr,
                                   KEYS_SMEM: gl.constexpr, IS_VARLEN: gl.constexpr,
-                                  HEADS: gl.constexpr = 1):
+                                  HEADS: gl.constexpr = 1, STAGED_GATES: gl.constexpr = True):
     """kkt_solve_gluon_kernel with A formed on chip: the chunk's keys [64, K] (16-bit) go into
     shared memory once, each of the ten lower 16 × 16 blocks of K Kᵀ is one mma_v2 product
     (bf16/fp16 in, fp32 accumulate, as chunk_kkt's tl.dot), gated and scaled as chunk_kkt
@@ -348,8 +371,33 @@ def kkt_solve_from_k_gluon_kernel(k, G, beta, Ai, cu_seqlens, chunk_indices, T, 
     c = gl.arange(0, KA, layout=gl.SliceLayout(0, KEYS))
     keys = gl.load(k + ((bos + row0 + r) * H + i_h)[:, None] * K + c[None, :],
                    mask=(row0 + r < seqlen)[:, None] & (c < K)[None, :], other=0.)
+    if STAGED_GATES:
+        # each head's G and β rows, loaded once beside the keys (in flight together) and
+        # staged in shared memory, where every block's gating reads them (loaded there from
+        # global memory, they are 30 small loads a head behind barriers and products); rows
+        # past the sequence end stage as 0, as those loads read them
+        o_g = gl.arange(0, BT, layout=ROW)
+        in_seq = row0 + o_g < seqlen
+        g_x = gl.load(G_tile + o_g * HV, mask=in_seq, other=0.)
+        b_x = gl.load(beta_tile + o_g * HV, mask=in_seq, other=0.)
+        if HEADS == 2:
+            g_x1 = gl.load(G_tile + 1 + o_g * HV, mask=in_seq, other=0.)
+            b_x1 = gl.load(beta_tile + 1 + o_g * HV, mask=in_seq, other=0.)
     k_smem = gl.allocate_shared_memory(k.dtype.element_ty, [BT, KA], KEYS_SMEM)
     k_smem.store(keys)
+    if STAGED_GATES:
+        g0 = _staged(g_x)
+        b0 = _staged(b_x)
+        g1 = g0
+        b1 = b0
+        if HEADS == 2:
+            g1 = _staged(g_x1)
+            b1 = _staged(b_x1)
+    else:
+        g0 = G_tile
+        b0 = beta_tile
+        g1 = G_tile + 1
+        b1 = beta_tile + 1
     # fp32 rows [ib·R, (ib + 1)·R) of the same bytes: block row ib's staging area, slot 0
     # (16 rows) its diagonal block, slot jb + 1 the block (ib, jb)
     R: gl.constexpr = KA // 2
@@ -366,20 +414,20 @@ def kkt_solve_from_k_gluon_kernel(k, G, beta, Ai, cu_seqlens, chunk_indices, T, 
         keys_ib = k_smem.slice(ib * BLOCK, BLOCK)
         rows = keys_ib.load(A16_OP)
         kk = mma_v2(rows, keys_ib.permute((1, 0)).load(B16_OP), zero)
-        a = _gated_block(kk, G_tile, beta_tile, row0, seqlen, HV, ib, ib)
+        a = _gated_block(kk, g0, b0, row0, seqlen, ib, ib, HV, STAGED_GATES)
         if HEADS == 2:
             l1_smem.slice(ib * BLOCK, BLOCK).store(
-                _gated_block(kk, G_tile + 1, beta_tile + 1, row0, seqlen, HV, ib, ib))
+                _gated_block(kk, g1, b1, row0, seqlen, ib, ib, HV, STAGED_GATES))
         gl.thread_barrier()  # key rows 16ib … read by every thread: free for A's blocks now
         stage.slice(ib * R, BLOCK).store(a)
         for jb in gl.static_range(ib):  # key rows above 16ib: not overwritten yet
             cols = k_smem.slice(jb * BLOCK, BLOCK).permute((1, 0)).load(B16_OP)
             kk = mma_v2(rows, cols, zero)
-            a = _gated_block(kk, G_tile, beta_tile, row0, seqlen, HV, ib, jb)
+            a = _gated_block(kk, g0, b0, row0, seqlen, ib, jb, HV, STAGED_GATES)
             stage.slice(ib * R + (jb + 1) * BLOCK, BLOCK).store(a)
             if HEADS == 2:
                 _coupling_slot(c1_smem, ib, jb).store(
-                    _gated_block(kk, G_tile + 1, beta_tile + 1, row0, seqlen, HV, ib, jb))
+                    _gated_block(kk, g1, b1, row0, seqlen, ib, jb, HV, STAGED_GATES))
     gl.thread_barrier()
     cpl = (stage.slice(R + BLOCK, BLOCK), stage.slice(2 * R + BLOCK, BLOCK),
            stage.slice(2 * R + 2 * BLOCK, BLOCK), stage.slice(3 * R + BLOCK, BLOCK),
@@ -436,7 +484,7 @@ def _key_layouts(K):
 
 def kkt_solve_from_k_gluon(k, G, beta, num_value_heads, output_dtype=torch.float32,
                            cu_seqlens=None, chunk_indices=None, num_chunks=None, maxnreg=None,
-                           shared_keys=None):
+                           shared_keys=None, staged_gates=None):
     """T = (I + strictLower(diag(β)(Γ ⊙ K Kᵀ)))⁻¹ per chunk of 64 on a CUDA GPU (sm_80 or
     later), A formed on chip and never written: k [B, T, H, K] fp16/bf16 with K a power of two
     in [16, 256], G [B, T, HV] chunk-cumulated (fp64 from chunk_cumsum), beta [B, T, HV]; returns
@@ -445,7 +493,9 @@ def kkt_solve_from_k_gluon(k, G, beta, num_value_heads, output_dtype=torch.float
     kkt_solve.kkt_solve_from_k (call that); raises ValueError here for other key dtypes or
     widths. Packed sequences as kkt_solve_gluon; maxnreg: ptxas' register cap (launch
     sweeps); shared_keys: solve two value heads of a key head a program where HV / H is even
-    (None: :data:`SHARED_KEYS`; the same bits either way, measured on the H200)."""
+    (None: :data:`SHARED_KEYS`; the same bits either way, measured on the H200);
+    staged_gates: G and β staged in shared memory once a chunk (None: :data:`STAGED_GATES`;
+    the same values either way)."""
     B, T, H, K = k.shape
     if k.dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"kkt_solve_from_k_gluon: k must be fp16 or bf16, got {k.dtype}")
@@ -462,5 +512,6 @@ def kkt_solve_from_k_gluon(k, G, beta, num_value_heads, output_dtype=torch.float
         kkt_solve_from_k_gluon_kernel, (NT * B * HV // heads,),
         k, G, beta, Ai, cu_seqlens, chunk_indices, T, B * HV // heads, H=H, HV=HV, K=K, KA=KA,
         KEYS=keys, KEYS_SMEM=keys_smem, IS_VARLEN=cu_seqlens is not None, HEADS=heads,
+        STAGED_GATES=STAGED_GATES if staged_gates is None else bool(staged_gates),
         num_warps=NUM_WARPS, **({} if maxnreg is None else {"maxnreg": maxnreg}))
     return Ai

@@ -200,7 +200,8 @@ def test_gluon_from_k_compiles_for_each_case():
     """The Gluon kkt_solve from k compiles for sm_90 and sm_80, dense and packed, K = 128 and
     64, bf16 and fp16 keys: the solve's 192 mma.sync plus K Kᵀ's ten 16 × 16 blocks (2 n8 ×
     KA/16 k16 steps each, KA = max(K, 128) staged columns), no spills, one 16 KB shared buffer
-    (keys, then A's blocks in their place); its values: the gpu test below."""
+    (keys, then A's blocks in their place) and the staged G and β rows; its values: the gpu
+    test below."""
     from gdn_fused.eval.ptxas import compile_report
     from gdn_fused.kernels.gluon_kkt_solve import _key_layouts, kkt_solve_from_k_gluon_kernel
     for arch, varlen, K, keys, out in [(90, False, 128, "*bf16", "*bf16"),
@@ -213,13 +214,15 @@ def test_gluon_from_k_compiles_for_each_case():
                            dict(H=16, HV=32, K=K, KA=KA, KEYS=layout, KEYS_SMEM=shared,
                                 IS_VARLEN=varlen), arch, num_warps=1)
         assert r["features"]["mma.sync"] == 192 + 10 * 2 * KA // 16, (arch, K, r)
-        assert r["spill_stores"] == 0 and r["shared"] == 64 * KA * 2, (arch, K, r)
+        # (+ the staged G and β rows: 64 fp64 and 64 fp32)
+        assert r["spill_stores"] == 0 and r["shared"] == 64 * KA * 2 + 64 * 12, (arch, K, r)
 
 
 def test_gluon_from_k_with_shared_keys_compiles():
     """HEADS = 2 (two value heads of a key head a program, SHARED_KEYS): K Kᵀ's ten blocks once
     and the solve's 192 mma.sync twice, no spills, the keys' 16 KB plus the second head's
-    10 KB of A."""
+    10 KB of A and both heads' staged G and β rows (1.5 KB): 28,160 B, 8 programs an SM of
+    the H200's 228 KB with its 1 KB a program."""
     from gdn_fused.eval.ptxas import compile_report
     from gdn_fused.kernels.gluon_kkt_solve import _key_layouts, kkt_solve_from_k_gluon_kernel
     KA, layout, shared = _key_layouts(128)
@@ -229,14 +232,16 @@ def test_gluon_from_k_with_shared_keys_compiles():
                        dict(H=16, HV=32, K=128, KA=KA, KEYS=layout, KEYS_SMEM=shared,
                             IS_VARLEN=False, HEADS=2), 90, num_warps=1)
     assert r["features"]["mma.sync"] == 2 * 192 + 10 * 2 * KA // 16, r
-    assert r["spill_stores"] == 0 and r["shared"] == 64 * KA * 2 + 10 * 16 * 16 * 4, r
+    assert r["spill_stores"] == 0, r
+    assert r["shared"] == 64 * KA * 2 + 10 * 16 * 16 * 4 + 2 * 64 * 12, r
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("gva", [2, 4])
 def test_gluon_from_k_with_shared_keys(gva):
-    """kkt_solve_from_k_gluon with shared_keys (K Kᵀ formed once for two value heads) gives the
-    bits of one head a program, fp32 and bf16 out, for logsigmoid and zero gates, dense with a
+    """kkt_solve_from_k_gluon with shared_keys (K Kᵀ formed once for two value heads), with the
+    gates staged in shared memory (staged_gates) and with both gives the bits of one head a
+    program reading its gates from global memory, fp32 and bf16 out, for logsigmoid and zero gates, dense with a
     partial last chunk (B = 2) and packed with an empty sequence. (Session 11, before the
     substitution's row-0 term became a select: the second head of each pair differed by
     ≤ 1.9e-9, an fma contraction the compiler chose differently in its copy of the solve; see
@@ -253,10 +258,13 @@ def test_gluon_from_k_with_shared_keys(gva):
             k = k.bfloat16()
             G = chunk_cumsum(g, 64, **idx)
             for dtype in (torch.float32, torch.bfloat16):
-                one, two = (kkt_solve_from_k_gluon(k, G, beta, HV, dtype, shared_keys=shared,
-                                                   **idx) for shared in (False, True))
-                d = (one.float() - two.float()).abs().max().item()
-                assert torch.equal(one, two), (gate, B, T, dtype, d)
+                one = kkt_solve_from_k_gluon(k, G, beta, HV, dtype, shared_keys=False,
+                                             staged_gates=False, **idx)
+                for shared, staged in ((True, False), (False, True), (True, True)):
+                    two = kkt_solve_from_k_gluon(k, G, beta, HV, dtype, shared_keys=shared,
+                                                 staged_gates=staged, **idx)
+                    d = (one.float() - two.float()).abs().max().item()
+                    assert torch.equal(one, two), (gate, B, T, dtype, shared, staged, d)
 
 
 def test_gluon_from_k_refusals():
