@@ -254,7 +254,8 @@ class GatedDeltaNet(nn.Module):
                 last T columns are used, Hugging Face's convention). Padded tokens neither
                 write nor decay the state (their k, v, beta and g are zeroed), their conv
                 inputs are zero (so a left-padded prompt convolves like the prompt alone), and
-                their outputs are zero.
+                their outputs are zero. With a cache, a right-padded row continues as the row
+                alone: the cached conv window holds its last tokens, not its padding.
             past_key_values: None, a :class:`gdn_fused.cache.GatedDeltaNetCache`, or a transformers
                 ``Cache`` (``generate()``'s; also accepted as ``cache_params=`` (transformers
                 5.17) or ``cache=`` (newer 5.x)). The layer continues from its state under
@@ -268,7 +269,8 @@ class GatedDeltaNet(nn.Module):
                 boundaries); every other keyword is ignored (Hugging Face passes extras).
 
         Returns:
-            ``[B, T, d_model]`` in the dtype of ``hidden_states``.
+            ``[B, T, d_model]`` in the dtype of ``hidden_states`` (under ``torch.autocast``,
+            in the dtype autocast gives ``out_proj``).
 
         Raises:
             ValueError for a wrong input shape or mask, ``use_cache=True`` without a cache, a
@@ -328,7 +330,7 @@ class GatedDeltaNet(nn.Module):
             if initial_state is not None and initial_state.shape[0] != B:
                 raise ValueError(f"the cached state of layer {self.layer_idx} has batch size "
                                  f"{initial_state.shape[0]}, the input {B}")
-        qkv = self._short_conv(qkv, layer_cache, cu_seqlens)
+        qkv = self._short_conv(qkv, layer_cache, cu_seqlens, keep)
         q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(B, T, H, K)
         k = k.reshape(B, T, H, K)
@@ -358,15 +360,31 @@ class GatedDeltaNet(nn.Module):
                              "name different objects")
         return given[0] if given else None
 
-    def _short_conv(self, qkv, layer_cache, cu_seqlens):
-        """``[B, T, C]`` → SiLU(causal conv) ``[B, T, C]``, continuing the cached context."""
+    def _short_conv(self, qkv, layer_cache, cu_seqlens, keep=None):
+        """``[B, T, C]`` → SiLU(causal conv) ``[B, T, C]``, continuing the cached context.
+
+        With a cache and a padding mask, each row is convolved with its trailing padding moved
+        to its front (as a left-padded row) and moved back after: the cache then keeps the
+        conv window of the row's last token, not padding, so a right-padded prompt continues
+        as the row alone would. (Its valid tokens see zeros where a cached context precedes
+        the padding, as those of a left-padded continuation do.)"""
         if self.conv1d is None:
             return F.silu(qkv)
         T = qkv.shape[1]
+        roll = None
+        if layer_cache is not None and keep is not None and T > 1:
+            pos = torch.arange(T, device=qkv.device)
+            # trailing padding of each row (T for a row without tokens: a full turn)
+            trailing = T - 1 - torch.where(keep, pos, -1).amax(dim=1)
+            roll = ((pos[None, :] - trailing[:, None]) % T)[..., None].expand_as(qkv)
+            qkv = qkv.gather(1, roll)
         x = qkv.transpose(1, 2)
         if layer_cache is not None:
             x = layer_cache.update_conv(self.layer_idx, x, self.conv_size)
-        return causal_short_conv(x, self.conv1d.weight, T, cu_seqlens).transpose(1, 2)
+        out = causal_short_conv(x, self.conv1d.weight, T, cu_seqlens).transpose(1, 2)
+        if roll is not None:
+            out = torch.empty_like(out).scatter_(1, roll, out)
+        return out
 
     def _recurrent_backend(self):
         """The recurrent op's backend matching the chunk op's: torch, auto, or Triton."""

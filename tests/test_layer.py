@@ -189,6 +189,42 @@ def test_decode_with_gradients_uses_chunk_op_and_matches():
     assert layer.A_log.grad is not None and torch.isfinite(layer.A_log.grad).all()
 
 
+def test_right_padding_continues_like_the_row_alone():
+    """Right-padded prompts with a cache (a row ending early, one without tokens) == the rows
+    run alone: output, recurrent and conv state, and the decode steps that follow (the conv
+    cache keeps each row's last tokens, not its padding; session 13's new-user trial found
+    the decode of such a row off by 160 %)."""
+    layer = make_layer()
+    lens, T = (23, 9, 0), 23
+    x = torch.randn(3, T, D_MODEL, dtype=torch.float64) * 5
+    mask = torch.zeros(3, T, dtype=torch.long)
+    for b, n in enumerate(lens):
+        mask[b, :n] = 1
+    steps = torch.randn(3, 3, D_MODEL, dtype=torch.float64)
+    with torch.no_grad():
+        cache = GatedDeltaNetCache()
+        y = layer(x, attention_mask=mask, past_key_values=cache)
+        state = cache.recurrent_states[0].clone()
+        conv_state = cache.conv_states[0].clone()
+        y_dec = [layer(steps[:, i:i + 1], attention_mask=torch.cat(
+            [mask, torch.ones(3, i + 1, dtype=torch.long)], 1), past_key_values=cache)
+            for i in range(3)]
+        for b, n in enumerate(lens):
+            alone_cache = GatedDeltaNetCache()
+            y_alone = layer(x[b:b + 1, :n], past_key_values=alone_cache)
+            assert (y[b, n:] == 0).all()
+            if n:
+                assert (y[b, :n] - y_alone[0]).abs().max().item() < 1e-11
+                assert (state[b] - alone_cache.recurrent_states[0][0]).abs().max() < 1e-11
+                assert torch.allclose(conv_state[b], alone_cache.conv_states[0][0],
+                                      rtol=1e-13, atol=1e-13)
+            else:  # no tokens: nothing cached for the row (a zero state, a zero window)
+                assert (state[b] == 0).all() and (conv_state[b] == 0).all()
+            for i in range(3):
+                y_alone_dec = layer(steps[b:b + 1, i:i + 1], past_key_values=alone_cache)
+                assert (y_dec[i][b] - y_alone_dec[0]).abs().max().item() < 1e-11, (b, i)
+
+
 def test_left_padding_does_not_leak():
     """Two left-padded prompts (random junk in the padding) == the prompts run alone, in the
     output, in the cached states, and in the decode steps that follow."""
