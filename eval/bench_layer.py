@@ -151,18 +151,35 @@ def measure(model, ids, decode_ids, reps: int, device) -> dict:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m eval.bench_layer",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--prefill", type=int, default=8192, help="prompt tokens (B = 1)")
     parser.add_argument("--decode-steps", type=int, default=64)
     parser.add_argument("--layers", type=int, default=3)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--backend", default="auto",
                         choices=["auto", "torch", "materialized", "fused"])
-    parser.add_argument("--chunk-size", type=int, default=64)
-    parser.add_argument("--solve-method", default="blocked")
+    parser.add_argument("--chunk-size", type=int, default=64, choices=(16, 32, 64))
+    parser.add_argument("--solve-method", default="blocked",
+                        help="the swapped layers' inverse method (as --solve-method of "
+                             "python -m eval.mmlu, one value)")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default="cuda",
+                        help="default cuda; cpu runs the ~780 M-parameter stack on the CPU")
     args = parser.parse_args(argv)
+    for name in ("prefill", "decode_steps", "layers", "reps"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error("needs a CUDA device (or --device cpu)")
+    from gdn_fused.validation import check_solve_method
+
+    from .mmlu_models import parse_solve_method
+    try:
+        solve_method, solve_iters = parse_solve_method(args.solve_method)
+        check_solve_method(args.backend, solve_method, solve_iters)
+    except ValueError as e:
+        parser.error(f"--solve-method: {e}")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
 
     from gdn_fused.models import swap_gated_deltanet
@@ -173,7 +190,7 @@ def main(argv=None):
     ids, decode_ids = ids[:, :args.prefill], ids[:, args.prefill:]
     results = {"HF torch fallback": measure(model, ids, decode_ids, args.reps, args.device)}
     swap_gated_deltanet(model, backend=args.backend, chunk_size=args.chunk_size,
-                        solve_method=args.solve_method)
+                        solve_method=solve_method, solve_iters=solve_iters)
     results[f"gdn_fused ({args.backend})"] = measure(model, ids, decode_ids, args.reps,
                                                      args.device)
 

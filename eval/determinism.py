@@ -12,7 +12,7 @@ showed (``--stages 2``: dβ and dg differ on every run; wu_bwd.STAGES, docs/back
 "Determinism"). tests/test_backward.py runs this at 4 and 8 warps on the GPU and asserts every
 difference is 0. ``--cpu`` runs the same chain
 in fp32 under TRITON_INTERPRET=1 (a check of this script; the interpreter is deterministic).
-Run it from the repository root: its inputs and error measure are tests/cases.py's.
+Its inputs and error measure are eval/cases.py's (gdn_fused.eval.cases).
 """
 import argparse
 
@@ -22,7 +22,7 @@ import torch
 def _twice(diffs, name, fn, names):
     """fn() twice; records (and prints) each output's relative difference between the calls
     in ``diffs[name]``; returns the first call's outputs."""
-    from tests.cases import rel_err
+    from gdn_fused.eval.cases import rel_err
     first, second = fn(), fn()
     diffs[name] = {n: rel_err(x, y) for n, x, y in zip(names, first, second) if x is not None}
     print(f"{name}: " + str({n: f"{d:.1e}" for n, d in diffs[name].items()}), flush=True)
@@ -42,7 +42,7 @@ def run_twice(T=8192, launches=(), device="cuda", dtype=torch.bfloat16):
     from gdn_fused.kernels.kkt_solve import chunk_inverse, default_inverse_dtype
     from gdn_fused.kernels.wu import recompute_w_u
     from gdn_fused.kernels.wu_bwd import wu_bwd
-    from tests.cases import make_inputs
+    from gdn_fused.eval.cases import make_inputs
     B, H, HV = 1, 2, 4
     q, k, v, g, beta, h0 = make_inputs(B, T, H, HV, 128, 128, dtype, initial_state=True,
                                        device=device, seed=11)
@@ -87,6 +87,15 @@ def main(argv=None):
                    help="also chunk_bwd_dqkwg and wu_bwd at these num_stages")
     p.add_argument("--cpu", action="store_true", help="fp32 under the interpreter")
     args = p.parse_args(argv)
+    if args.T < 1:
+        p.error(f"--T must be >= 1, got {args.T}")
+    bad = [w for w in args.warps if w < 1 or w & (w - 1)]
+    if bad:
+        p.error(f"--warps must be powers of two, got {bad}")
+    if any(s < 1 for s in args.stages):
+        p.error(f"--stages must be >= 1, got {args.stages}")
+    if not args.cpu and not torch.cuda.is_available():
+        p.error("needs a CUDA device (or --cpu: fp32 under the interpreter)")
     if args.cpu:
         import os
         os.environ["TRITON_INTERPRET"] = "1"

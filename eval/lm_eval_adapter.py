@@ -28,9 +28,11 @@ try:
     from lm_eval.api.registry import register_model
     from lm_eval.models.huggingface import HFLM
 except ImportError as e:  # the adapter is optional: say how to get it
-    raise ModuleNotFoundError("the lm-eval adapter needs lm-evaluation-harness: "
-                              "`pip install \"lm-eval[hf]\"` (or `pip install -e .[lmeval]`)"
-                              ) from e
+    _NEEDS = ("the lm-eval adapter needs lm-evaluation-harness: `pip install \"lm-eval[hf]\"` "
+              "(or `pip install -e .[lmeval]`)")
+    if __name__ == "__main__":  # run as a script: the message alone, as argparse would
+        sys.exit(f"python -m eval.lm_eval_adapter: error: {_NEEDS}")
+    raise ModuleNotFoundError(_NEEDS) from e
 
 
 def _doc(q: Question) -> dict:

@@ -186,7 +186,7 @@ def launched_hazards() -> dict[str, int]:
     from triton.runtime.jit import JITFunction
 
     from gdn_fused import chunk_gated_delta_rule
-    from tests.cases import make_inputs
+    from gdn_fused.eval.cases import make_inputs
 
     def jitted():
         return [fn for fn in gc.get_objects()
@@ -225,6 +225,9 @@ def main(argv=None):
     p.add_argument("--launched", action="store_true",
                    help="instead scan every kernel a GPU forward + backward compiles")
     args = p.parse_args(argv)
+    import torch
+    if args.launched and not torch.cuda.is_available():
+        p.error("--launched needs a CUDA device (it runs a forward and backward)")
     if args.launched:
         for name, n in launched_hazards().items():
             print(f"{name}: {n} hazards", flush=True)

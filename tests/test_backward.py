@@ -17,7 +17,7 @@ import torch
 from gdn_fused import chunk_gated_delta_rule
 from gdn_fused.autograd import backward_by_recompute
 from gdn_fused.reference import chunk_gated_delta_rule_ref, recurrent_gated_delta_rule_ref
-from tests.cases import make_inputs, rel_err
+from gdn_fused.eval.cases import make_inputs, rel_err
 
 NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
 

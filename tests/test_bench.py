@@ -73,3 +73,44 @@ def test_host_time_command_line_refuses_bad_shapes_and_no_gpu(capsys, monkeypatc
     with pytest.raises(SystemExit) as e:
         host_time.main(["--breakdown"])
     assert e.value.code == 2 and "CUDA" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("module, argv, message", [
+    ("determinism", ["--T", "-5", "--cpu"], "--T"),
+    ("determinism", ["--warps", "3", "--cpu"], "--warps"),
+    ("determinism", [], "CUDA"),
+    ("wgmma_hazards", ["--launched"], "CUDA"),
+    ("bench_layer", ["--chunk-size", "48"], "--chunk-size"),
+    ("bench_layer", ["--reps", "0", "--device", "cpu"], "--reps"),
+    ("bench_layer", ["--solve-method", "foo", "--device", "cpu"], "--solve-method"),
+    ("bench_layer", [], "CUDA"),
+])
+def test_eval_scripts_refuse_bad_arguments_before_any_work(module, argv, message, capsys,
+                                                          monkeypatch):
+    """The GPU-side eval scripts exit with argparse's code 2 and the argument (or the missing
+    CUDA device) named, before building inputs or models (session 13's new-user trial: these
+    were tracebacks, or a 780 M-parameter model built on the CPU before a bad chunk size
+    surfaced)."""
+    import importlib
+
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    main_ = importlib.import_module(f"gdn_fused.eval.{module}").main
+    with pytest.raises(SystemExit) as e:
+        main_(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_lm_eval_adapter_without_lm_eval_says_how_to_get_it():
+    """Run as a script without lm-evaluation-harness installed, the adapter exits with the
+    pip command and no traceback; imported, it raises ModuleNotFoundError with it."""
+    import importlib.util
+    import subprocess
+    import sys
+    if importlib.util.find_spec("lm_eval") is not None:
+        pytest.skip("lm-eval is installed")
+    r = subprocess.run([sys.executable, "-m", "gdn_fused.eval.lm_eval_adapter", "--help"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "lm-eval[hf]" in r.stderr and "Traceback" not in r.stderr
+    with pytest.raises(ModuleNotFoundError, match="lm-eval"):
+        importlib.import_module("gdn_fused.eval.lm_eval_adapter")

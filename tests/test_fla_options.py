@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from gdn_fused import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
-from tests.cases import make_inputs, rel_err
+from gdn_fused.eval.cases import make_inputs, rel_err
 
 B, T, H, HV, K, V = 1, 70, 2, 4, 16, 8
 

@@ -9,7 +9,7 @@ import torch
 
 from gdn_fused.kernels.fused_fwd import fused_fwd, unsupported_reason
 from gdn_fused.kernels.fused_split import choose_num_segments
-from tests.cases import make_inputs, rel_err, truth
+from gdn_fused.eval.cases import make_inputs, rel_err, truth
 
 CPU_BOUND = {torch.float32: 1e-5, torch.float16: 5e-3}
 GPU_BOUND = {"o": 5e-3, "state": 3e-3}  # issue 4's bf16 bounds against the fp64 recurrence

@@ -4,7 +4,7 @@ refuses what its kernels do not cover before launching anything."""
 import pytest
 import torch
 
-from tests.cases import make_inputs, rel_err, truth
+from gdn_fused.eval.cases import make_inputs, rel_err, truth
 
 pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper",
                     reason="this Triton has no Gluon Hopper API (triton.experimental.gluon)")

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from gdn_fused.eval.ptxas import _kernels, compile_report
-from tests.cases import make_inputs, rel_err
+from gdn_fused.eval.cases import make_inputs, rel_err
 
 pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper",
                     reason="this Triton has no Gluon Hopper API (triton.experimental.gluon)")

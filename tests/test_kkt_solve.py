@@ -8,7 +8,7 @@ from gdn_fused.kernels.kkt import chunk_kkt
 from gdn_fused.kernels import kkt_solve as kkt_solve_module
 from gdn_fused.kernels.kkt_solve import (SOLVE_METHODS, chunk_inverse, kkt_solve,
                                           kkt_solve_from_k)
-from tests.cases import make_inputs, rel_err, truth
+from gdn_fused.eval.cases import make_inputs, rel_err, truth
 
 # max abs error bounds vs the fp64 inverse (fp32 output); Newton–Schulz with its default
 # 2·log2(C)+2 steps from X₀ = I/C still carries (1 − 1/C)^(2^k) of residual

@@ -13,7 +13,7 @@ from gdn_fused.layer import RECURRENT_MAX_TOKENS, GatedDeltaNet
 from gdn_fused.ops import resolve_backend
 from gdn_fused.reference import LOG_DECAY_MIN
 from gdn_fused.reference import recurrent_gated_delta_rule_ref
-from tests.cases import rel_err
+from gdn_fused.eval.cases import rel_err
 from gdn_fused.validation import triton_interpreted
 
 D_MODEL, H, HV, K, V, W = 32, 2, 4, 16, 8, 4

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gdn_fused import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
-from tests.cases import make_inputs, rel_err, truth
+from gdn_fused.eval.cases import make_inputs, rel_err, truth
 
 # (id, B, T, H, HV, gate, beta, initial state, cu_seqlens, chunk)
 CASES = [

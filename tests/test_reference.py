@@ -4,7 +4,7 @@ import torch
 
 from gdn_fused import chunk_gated_delta_rule
 from gdn_fused.reference import chunk_gated_delta_rule_ref
-from tests.cases import make_inputs, rel_err, truth
+from gdn_fused.eval.cases import make_inputs, rel_err, truth
 from tests.test_materialized import CASES
 
 

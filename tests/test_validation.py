@@ -5,7 +5,7 @@ import torch
 
 from gdn_fused import GatedDeltaNet, chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 from gdn_fused.validation import triton_interpreted
-from tests.cases import make_inputs
+from gdn_fused.eval.cases import make_inputs
 
 
 def good():
@@ -115,7 +115,7 @@ def test_recurrent_triton_refuses_gradients_and_auto_takes_torch():
 def test_minus_inf_gate_resets_without_nan(backend):
     """g = −inf (a full reset) acts as the floor −128: the state before it is forgotten."""
     from gdn_fused.ops import resolve_backend
-    from tests.cases import rel_err, truth
+    from gdn_fused.eval.cases import rel_err, truth
     # K = V = 64: a size the fused kernel takes, so "fused" is not materialized again
     q, k, v, g, b, h = make_inputs(1, 80, 1, 2, 64, 64, initial_state=True)
     assert resolve_backend(backend, q, v, 64) == backend
