@@ -79,8 +79,9 @@ class FlaOptions:
                 if x is None and name == "dt_bias":
                     continue
                 if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+                    got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
                     raise TypeError(f"use_gate_in_kernel=True needs {name}, a floating [HV] "
-                                    f"tensor, got {type(x).__name__}")
+                                    f"tensor, got {got}")
                 if tuple(x.shape) != (HV,):
                     raise ValueError(f"{name} must be [HV] = [{HV}] (g's value heads), got "
                                      f"{tuple(x.shape)}")

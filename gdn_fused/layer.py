@@ -178,8 +178,12 @@ class GatedDeltaNet(nn.Module):
                             ("use_output_gate", use_output_gate),
                             ("allow_neg_eigval", allow_neg_eigval)):
             _check_bool(name, value)
-        if isinstance(norm_eps, bool) or not isinstance(norm_eps, (int, float)) or not norm_eps > 0:
-            raise ValueError(f"norm_eps must be a positive float, got {norm_eps!r}")
+        if isinstance(norm_eps, bool) or not isinstance(norm_eps, (int, float)) \
+                or not 0 < norm_eps < float("inf"):
+            raise ValueError(f"norm_eps must be a positive finite float, got {norm_eps!r}")
+        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise ValueError(f"dtype must be a floating torch.dtype (the parameters'), got "
+                             f"{dtype!r}")
         if layer_idx is not None:
             _check_int("layer_idx", layer_idx, 0)
         if backend not in BACKENDS:

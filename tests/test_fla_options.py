@@ -110,7 +110,7 @@ def test_fla_helper_arguments_are_accepted():
     (dict(use_gate_in_kernel=True, A_log=torch.zeros(HV + 1)), ValueError,
      r"A_log must be \[HV\] = \[4\]"),
     (dict(use_gate_in_kernel=True, A_log=torch.zeros(HV, dtype=torch.long)), TypeError,
-     "needs A_log, a floating"),
+     "needs A_log, a floating .* got torch.int64"),
     (dict(use_gate_in_kernel=True, A_log=torch.zeros(HV), dt_bias=torch.zeros(2)), ValueError,
      "dt_bias must be"),
     (dict(allow_neg_eigval=True), ValueError, "requires use_beta_sigmoid_in_kernel"),

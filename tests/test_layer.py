@@ -340,6 +340,8 @@ def test_module_finite_with_extreme_decay_parameters():
     ({"conv_size": 0}, "conv_size"),
     ({"use_short_conv": 1}, "use_short_conv"),
     ({"norm_eps": 0.0}, "norm_eps"),
+    ({"norm_eps": float("inf")}, "norm_eps"),  # accepted before session 13: outputs all 0
+    ({"dtype": torch.int32}, "dtype"),
     ({"layer_idx": -1}, "layer_idx"),
     ({"backend": "cuda"}, "backend"),
     ({"chunk_size": 48}, "chunk_size"),
