@@ -177,7 +177,9 @@ def main(argv=None):
     from .mmlu_models import parse_solve_method
     try:
         solve_method, solve_iters = parse_solve_method(args.solve_method)
-        check_solve_method(args.backend, solve_method, solve_iters)
+        # as the layer checks it: "auto" may resolve to torch, which takes every method
+        check_solve_method("torch" if args.backend == "auto" else args.backend, solve_method,
+                           solve_iters)
     except ValueError as e:
         parser.error(f"--solve-method: {e}")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]

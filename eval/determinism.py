@@ -89,9 +89,9 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.T < 1:
         p.error(f"--T must be >= 1, got {args.T}")
-    bad = [w for w in args.warps if w < 1 or w & (w - 1)]
+    bad = [w for w in args.warps if w not in (1, 2, 4, 8, 16, 32)]
     if bad:
-        p.error(f"--warps must be powers of two, got {bad}")
+        p.error(f"--warps must be powers of two up to 32 (Triton's num_warps), got {bad}")
     if any(s < 1 for s in args.stages):
         p.error(f"--stages must be >= 1, got {args.stages}")
     if not args.cpu and not torch.cuda.is_available():

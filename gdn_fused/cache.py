@@ -15,6 +15,10 @@ A layer talks to any cache through three methods (the *layer cache protocol*):
   returns ``[B, C, L + T]``: the ``L`` cached columns of left context (0 on the first call,
   ``width`` afterwards) followed by ``x``; stores the last ``width`` columns for the next call.
 - ``update_recurrent(layer_idx, state)`` — stores ``S`` leaving this call.
+- optionally ``set_conv_window(layer_idx, window)`` — replaces the stored conv state by
+  ``window [B, C, width]`` (after ``update_conv``): the layer sets each row's window to end at
+  its last token when a padding mask ends rows early. A cache without it keeps the last
+  ``width`` columns, padding included.
 
 :class:`GatedDeltaNetCache` implements it with plain dictionaries, for models built from our
 module. :class:`HFCacheView` implements it over a transformers ``Cache`` (the ``DynamicCache``
@@ -75,6 +79,10 @@ class GatedDeltaNetCache:
         """Store the ``[B, HV, K, V]`` state leaving the layer."""
         self.recurrent_states[layer_idx] = state
 
+    def set_conv_window(self, layer_idx, window: torch.Tensor) -> None:
+        """Replace the conv state stored by the last ``update_conv`` by ``window``."""
+        self.conv_states[layer_idx] = window
+
 
 class HFCacheView:
     """The layer cache protocol over a transformers ``Cache`` holding linear-attention layers.
@@ -101,6 +109,21 @@ class HFCacheView:
 
     def update_recurrent(self, layer_idx, state: torch.Tensor) -> None:
         self.cache.update_recurrent_state(state, layer_idx)
+
+    def set_conv_window(self, layer_idx, window: torch.Tensor) -> None:
+        """Copy ``window`` into the layer's conv state buffer (in place: CUDA graphs keep its
+        address). Left as Hugging Face wrote it where the cache records its past for rollback
+        (the buffer then holds every input, not a window) or keeps its conv state elsewhere
+        than ``layers[i].conv_states[0]``."""
+        layer = self.cache.layers[layer_idx]
+        try:  # a dict by state index in transformers 5.24, a list in 5.17
+            state = layer.conv_states[0]
+        except (AttributeError, TypeError, KeyError, IndexError):
+            return
+        if getattr(layer, "record_past", False) or not isinstance(state, torch.Tensor) \
+                or state.shape != window.shape:
+            return
+        state.copy_(window)
 
 
 def as_layer_cache(cache):

@@ -120,6 +120,20 @@ def _check_bool(name, value):
         raise ValueError(f"{name} must be a bool, got {value!r}")
 
 
+def last_token_windows(full: torch.Tensor, keep: torch.Tensor, width: int) -> torch.Tensor:
+    """Each row's conv window ending at its last token: ``full [B, C, L]`` (cached context,
+    then this call's T inputs), ``keep [B, T]`` bool → ``[B, C, width]``, the ``width``
+    columns of ``full`` up to and including the row's last kept input (the context's last
+    ones for a row without tokens; zeros before the start). No host sync."""
+    B, C, L = full.shape
+    T = keep.shape[1]
+    pos = torch.arange(T, device=full.device)
+    end = (L - T) + 1 + torch.where(keep, pos, -1).amax(dim=1)  # one past the last token
+    cols = end[:, None] - width + torch.arange(width, device=full.device)
+    # width zero columns in front for the rows whose window reaches before the start
+    return F.pad(full, (width, 0)).gather(2, (cols + width)[:, None, :].expand(B, C, width))
+
+
 class GatedDeltaNet(nn.Module):
     """Gated DeltaNet token mixer (Qwen3-Next / Qwen3.5 layout) over gdn_fused's ops.
 
@@ -259,7 +273,8 @@ class GatedDeltaNet(nn.Module):
                 write nor decay the state (their k, v, beta and g are zeroed), their conv
                 inputs are zero (so a left-padded prompt convolves like the prompt alone), and
                 their outputs are zero. With a cache, a right-padded row continues as the row
-                alone: the cached conv window holds its last tokens, not its padding.
+                alone: the cached conv window holds its last tokens, not its padding (not with
+                a Hugging Face cache that records its past for rollback, which keeps HF's).
             past_key_values: None, a :class:`gdn_fused.cache.GatedDeltaNetCache`, or a transformers
                 ``Cache`` (``generate()``'s; also accepted as ``cache_params=`` (transformers
                 5.17) or ``cache=`` (newer 5.x)). The layer continues from its state under
@@ -367,28 +382,21 @@ class GatedDeltaNet(nn.Module):
     def _short_conv(self, qkv, layer_cache, cu_seqlens, keep=None):
         """``[B, T, C]`` → SiLU(causal conv) ``[B, T, C]``, continuing the cached context.
 
-        With a cache and a padding mask, each row is convolved with its trailing padding moved
-        to its front (as a left-padded row) and moved back after: the cache then keeps the
-        conv window of the row's last token, not padding, so a right-padded prompt continues
-        as the row alone would. (Its valid tokens see zeros where a cached context precedes
-        the padding, as those of a left-padded continuation do.)"""
+        With a cache and a padding mask over T > 1 tokens, the cached window is then set to
+        each row's last ``conv_size`` inputs up to its last token (the previous window for a
+        row without tokens), not the padding after it, so a right-padded row continues as the
+        row alone would. (One decode token, T = 1, is appended as it comes: decode is
+        host-bound, and its rows are not padded.)"""
         if self.conv1d is None:
             return F.silu(qkv)
         T = qkv.shape[1]
-        roll = None
-        if layer_cache is not None and keep is not None and T > 1:
-            pos = torch.arange(T, device=qkv.device)
-            # trailing padding of each row (T for a row without tokens: a full turn)
-            trailing = T - 1 - torch.where(keep, pos, -1).amax(dim=1)
-            roll = ((pos[None, :] - trailing[:, None]) % T)[..., None].expand_as(qkv)
-            qkv = qkv.gather(1, roll)
         x = qkv.transpose(1, 2)
         if layer_cache is not None:
             x = layer_cache.update_conv(self.layer_idx, x, self.conv_size)
-        out = causal_short_conv(x, self.conv1d.weight, T, cu_seqlens).transpose(1, 2)
-        if roll is not None:
-            out = torch.empty_like(out).scatter_(1, roll, out)
-        return out
+            if keep is not None and T > 1 and hasattr(layer_cache, "set_conv_window"):
+                layer_cache.set_conv_window(self.layer_idx,
+                                            last_token_windows(x, keep, self.conv_size))
+        return causal_short_conv(x, self.conv1d.weight, T, cu_seqlens).transpose(1, 2)
 
     def _recurrent_backend(self):
         """The recurrent op's backend matching the chunk op's: torch, auto, or Triton."""

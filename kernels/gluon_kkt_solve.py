@@ -355,7 +355,11 @@ def kkt_solve_from_k_gluon_kernel(k, G, beta, Ai, cu_seqlens, chunk_indices, T, 
     selects its row-0 term instead of multiplying it by T3's exact e₀ row (session 12): with
     the product, LLVM's SLP vectorizer ordered the first add of the second head's copy the
     other way and ptxas fused the other product into the fma — round(L_i0 + round(L_i1 T_10))
-    against round(L_i1 T_10 + L_i0), ≤ 1.9e-9 apart (PTX of both, session 11)."""
+    against round(L_i1 T_10 + L_i0), ≤ 1.9e-9 apart (PTX of both, session 11). STAGED_GATES
+    (:data:`STAGED_GATES`): each head's G and β rows go to shared memory once (0.75 KB a head
+    with fp64 G and fp32 β: 17,152 B a program for one head, 28,160 B for two, still 8 an SM
+    of the H200's 228 KB at 1 KB reserved a program), where every block's gating reads them
+    (session 13: 229 → 216 µs at (8, 4096), the same bits)."""
     BT: gl.constexpr = NB * BLOCK
     i_t, i_hv, bos, seqlen = _program(T, NBH, cu_seqlens, chunk_indices, HV // HEADS,
                                       IS_VARLEN)

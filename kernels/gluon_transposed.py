@@ -137,9 +137,10 @@ MAXNREG_TWO_OUTPUTS = 128
 # (launch variants for eval.bench, each measured, docs/speed_log.md): Q in registers with the
 # early stage release, the two output groups' registers, O's staging tiles; with W/U on chip,
 # P formed by the W/U warpgroup (P_ON_WU: no faster, session 12). Session 13 measured three
-# more, bit-identical and slower at (1, 32768), and removed them: O stored from registers
-# (1,059 → 1,127 µs), the W/U products cued by the chain's S Wᵀ (1,072) and the chain's decay
-# vector formed by the W/U warpgroup (1,086; its chain loop 584 → 362 SASS instructions a step)
+# more, bit-identical and no faster, and removed them: O stored from registers (1,059 →
+# 1,127 µs at (1, 32768)), the W/U products cued by the chain's S Wᵀ (1,072) and the chain's
+# decay vector formed by the W/U warpgroup (1,086; its chain loop 584 → 362 SASS
+# instructions a step)
 VARIANT_KEYS = frozenset({"Q_REGS", "OUT_REGS_TWO", "O_BUFFERS", "P_ON_WU"})
 
 

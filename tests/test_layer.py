@@ -225,6 +225,40 @@ def test_right_padding_continues_like_the_row_alone():
                 assert (y_dec[i][b] - y_alone_dec[0]).abs().max().item() < 1e-11, (b, i)
 
 
+def test_right_padded_continuation_continues_like_the_row_alone():
+    """A cached call, then a right-padded continuation (rows with ≥ W, < W and no tokens in
+    it), then decode: each row equals its tokens run alone in the same calls. The
+    continuation's own outputs see the cached context (review of session 13: rolling the
+    padding to the front had put zeros between them), and the cached window ends at each
+    row's last token (the previous window for the row without tokens)."""
+    layer = make_layer()
+    lens, T1, T2 = (8, 5, 2, 0), 10, 8
+    B = len(lens)
+    x1 = torch.randn(B, T1, D_MODEL, dtype=torch.float64)
+    x2 = torch.randn(B, T2, D_MODEL, dtype=torch.float64)
+    steps = torch.randn(B, 2, D_MODEL, dtype=torch.float64)
+    mask = torch.ones(B, T1 + T2, dtype=torch.long)
+    for b, n in enumerate(lens):
+        mask[b, T1 + n:] = 0
+    with torch.no_grad():
+        cache = GatedDeltaNetCache()
+        layer(x1, past_key_values=cache)
+        y2 = layer(x2, attention_mask=mask, past_key_values=cache)
+        conv_state = cache.conv_states[0].clone()
+        y_dec = [layer(steps[:, i:i + 1], past_key_values=cache) for i in range(2)]
+        for b, n in enumerate(lens):
+            alone = GatedDeltaNetCache()
+            layer(x1[b:b + 1], past_key_values=alone)
+            y_alone = layer(x2[b:b + 1, :n], past_key_values=alone)
+            assert torch.allclose(y2[b, :n], y_alone[0], rtol=0, atol=1e-11), b
+            assert (y2[b, n:] == 0).all()
+            assert torch.allclose(conv_state[b], alone.conv_states[0][0], rtol=1e-13,
+                                  atol=1e-13), b
+            for i in range(2):
+                y_alone_dec = layer(steps[b:b + 1, i:i + 1], past_key_values=alone)
+                assert (y_dec[i][b] - y_alone_dec[0]).abs().max().item() < 1e-11, (b, i)
+
+
 def test_left_padding_does_not_leak():
     """Two left-padded prompts (random junk in the padding) == the prompts run alone, in the
     output, in the cached states, and in the decode steps that follow."""

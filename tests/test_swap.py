@@ -265,3 +265,34 @@ def test_swap_passes_solver_options_to_the_chunk_op(monkeypatch):
     assert seen == [{"backend": "torch", "chunk_size": 32, "solve_method": "newton_schulz",
                      "solve_iters": 12}] * 3
     assert (got - ref).abs().max().item() < LOGIT_ATOL
+
+
+def test_right_padded_chunked_prefill_in_hf_cache(pair):
+    """A right-padded batch prefilled in two chunks through HF's cache (transformers passes
+    the mask with a cached continuation): each row's second-chunk logits equal the row run
+    alone (review of session 13: a conv that rolled the padding to the front read zeros
+    there), and each Gated DeltaNet layer's cached conv window ends at the row's last token,
+    as the row alone leaves it (a row ending in the first chunk keeps its window)."""
+    _, hf, ours = pair
+    torch.manual_seed(5)
+    lens, T, c = (24, 19, 12), 24, 16
+    ids = torch.randint(3, VOCAB, (3, T))
+    mask = torch.zeros(3, T, dtype=torch.long)
+    for b, n in enumerate(lens):
+        mask[b, :n] = 1
+        ids[b, n:] = 0
+    with torch.no_grad():
+        out = ours(ids[:, :c], attention_mask=mask[:, :c], use_cache=True)
+        out2 = ours(ids[:, c:], attention_mask=mask, past_key_values=out.past_key_values,
+                    use_cache=True)
+        cache = out2.past_key_values
+        for b, n in enumerate(lens):
+            alone = ours(ids[b:b + 1, :n], use_cache=True)
+            if n > c:
+                diff = (out2.logits[b, :n - c] - alone.logits[0, c:n]).abs().max().item()
+                assert diff < LOGIT_ATOL, (b, diff)
+            for i, layer in enumerate(ours.model.layers):
+                if hasattr(layer, "linear_attn"):
+                    window = cache.layers[i].conv_states[0][b]
+                    alone_window = alone.past_key_values.layers[i].conv_states[0][0]
+                    assert torch.allclose(window, alone_window, atol=1e-4), (b, i)
