@@ -354,9 +354,10 @@ def test_forward_variants_give_the_same_bits(B, T, H, HV, gate, segments):
     handed over in bf16 through shared memory instead of registers), with one or two
     staging tiles for O (O_BUFFERS) and both together gives the default's bits; so does
     chunk_state_output_t with two staging tiles a group against one, with one and two output
-    groups. Every variant writes into outputs that start as NaN (no block still holding the
-    default's result). (Session 13 ran three more here, bit-identical and slower, and removed
-    them: O stored from registers, the W/U products cued by the chain, the chain's decay
+    groups. Before each variant, NaN-filled blocks of the outputs' sizes are allocated and
+    freed, and every result stays alive, so the caching allocator is expected to hand the
+    variant NaN blocks rather than one holding the default's result (expected, not asserted).
+    (Session 13 ran three more here, bit-identical and no faster, and removed them: O stored from registers, the W/U products cued by the chain, the chain's decay
     vector formed by the W/U warpgroup.)"""
     _hopper()
     q, k, v, g, beta, h0, G, Ai, w, u = forward_intermediates(B, T, H, HV, True, T + HV, gate)

@@ -155,7 +155,9 @@ def test_direct_path_keys_arguments_and_cache_on_a_stand_in(monkeypatch):
 
 def _poison_like(*tensors):
     """Allocate NaN-filled blocks of these tensors' sizes and free them, so that the next
-    allocations of those sizes (a kernel's outputs) start as NaN, not as an earlier result."""
+    allocations of those sizes (a kernel's outputs) are expected to start as NaN, not as an
+    earlier result (the caching allocator's reuse of a freed block of the same size; not
+    asserted)."""
     for x in tensors:
         torch.full_like(x, float("nan"))
 
