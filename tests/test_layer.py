@@ -189,6 +189,20 @@ def test_decode_with_gradients_uses_chunk_op_and_matches():
     assert layer.A_log.grad is not None and torch.isfinite(layer.A_log.grad).all()
 
 
+def _padded_prefill_and_decode(layer, x, mask, steps):
+    """A masked prefill of x into a fresh cache, then one decode call a column of steps (the
+    mask grown by a token each, as Hugging Face passes it): (prefill output, recurrent and
+    conv state after the prefill, decode outputs)."""
+    cache = GatedDeltaNetCache()
+    y = layer(x, attention_mask=mask, past_key_values=cache)
+    state = cache.recurrent_states[0].clone()
+    conv_state = cache.conv_states[0].clone()
+    ones = torch.ones(x.shape[0], steps.shape[1], dtype=mask.dtype)
+    y_dec = [layer(steps[:, i:i + 1], attention_mask=torch.cat([mask, ones[:, :i + 1]], 1),
+                   past_key_values=cache) for i in range(steps.shape[1])]
+    return y, state, conv_state, y_dec
+
+
 def test_right_padding_continues_like_the_row_alone():
     """Right-padded prompts with a cache (a row ending early, one without tokens) == the rows
     run alone: output, recurrent and conv state, and the decode steps that follow (the conv
@@ -202,13 +216,7 @@ def test_right_padding_continues_like_the_row_alone():
         mask[b, :n] = 1
     steps = torch.randn(3, 3, D_MODEL, dtype=torch.float64)
     with torch.no_grad():
-        cache = GatedDeltaNetCache()
-        y = layer(x, attention_mask=mask, past_key_values=cache)
-        state = cache.recurrent_states[0].clone()
-        conv_state = cache.conv_states[0].clone()
-        y_dec = [layer(steps[:, i:i + 1], attention_mask=torch.cat(
-            [mask, torch.ones(3, i + 1, dtype=torch.long)], 1), past_key_values=cache)
-            for i in range(3)]
+        y, state, conv_state, y_dec = _padded_prefill_and_decode(layer, x, mask, steps)
         for b, n in enumerate(lens):
             alone_cache = GatedDeltaNetCache()
             y_alone = layer(x[b:b + 1, :n], past_key_values=alone_cache)
@@ -270,11 +278,7 @@ def test_left_padding_does_not_leak():
         mask[b, T - n:] = 1
     steps = torch.randn(2, 3, D_MODEL, dtype=torch.float64)
     with torch.no_grad():
-        cache = GatedDeltaNetCache()
-        y = layer(x, attention_mask=mask, past_key_values=cache)
-        state = cache.recurrent_states[0].clone()
-        conv_state = cache.conv_states[0].clone()
-        y_dec = [layer(steps[:, i:i + 1], past_key_values=cache) for i in range(3)]
+        y, state, conv_state, y_dec = _padded_prefill_and_decode(layer, x, mask, steps)
         for b, n in enumerate(lens):
             alone_cache = GatedDeltaNetCache()
             y_alone = layer(x[b:b + 1, T - n:], past_key_values=alone_cache)
