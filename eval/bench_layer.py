@@ -170,7 +170,13 @@ def main(argv=None):
     for name in ("prefill", "decode_steps", "layers", "reps"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as e:
+        parser.error(f"--device: {e}")
+    if device.type not in ("cuda", "cpu"):
+        parser.error(f"--device must be cuda or cpu, got {args.device!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("needs a CUDA device (or --device cpu)")
     from gdn_fused.validation import check_solve_method
 

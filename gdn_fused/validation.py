@@ -115,6 +115,9 @@ def check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, backend, state_v_f
     devices = {x.device for x in (q, k, v, g, beta)}
     if len(devices) != 1:
         raise ValueError(f"q, k, v, g, beta must be on one device, got {sorted(map(str, devices))}")
+    if q.device.type == "meta":  # (torch.compile's fake tensors report their real device)
+        raise ValueError("q, k, v, g, beta are on the meta device, which holds no values: put "
+                         "them on a real device")
 
     N, cu_host = B, None
     if cu_seqlens is not None:

@@ -84,6 +84,7 @@ def test_host_time_command_line_refuses_bad_shapes_and_no_gpu(capsys, monkeypatc
     ("bench_layer", ["--reps", "0", "--device", "cpu"], "--reps"),
     ("bench_layer", ["--solve-method", "foo", "--device", "cpu"], "--solve-method"),
     ("bench_layer", [], "CUDA"),
+    ("bench_layer", ["--device", "mps"], "--device"),
 ])
 def test_eval_scripts_refuse_bad_arguments_before_any_work(module, argv, message, capsys,
                                                           monkeypatch):

@@ -51,6 +51,9 @@ def call(**over):
      "initial_state must be on"),
     (dict(cu_seqlens=torch.tensor([0, 20], device="meta")), ValueError, "cu_seqlens must be on"),
     (dict(head_first=True), ValueError, "head_first=True is not supported"),
+    (dict(q=torch.randn(1, 20, 2, 16, device="meta"), k=torch.randn(1, 20, 2, 16, device="meta"),
+          v=torch.randn(1, 20, 4, 8, device="meta"), g=torch.randn(1, 20, 4, device="meta"),
+          beta=torch.rand(1, 20, 4, device="meta")), ValueError, "meta device"),
 ])
 def test_bad_input(over, exc, match):
     with pytest.raises(exc, match=match):
