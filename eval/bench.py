@@ -643,13 +643,14 @@ def sweep_kkt_solve(bandwidth, B=8, T=4096):
     # loaded by every block's gating, and under a register cap; bits against one head a
     # program. (Session 13 also tried two heads with all ten K Kᵀ blocks formed in registers
     # first and both heads' A in 20 KB of shared memory instead of 26: 211 registers, 252 µs
-    # against 248 for one head a program and 225 for the 26 KB form; reverted,
-    # docs/speed_log.md)
+    # against 248 for one head a program in the same run, 227–229 for the 26 KB form in the
+    # session's other runs; reverted, docs/speed_log.md)
     from gdn_fused.kernels.gluon_kkt_solve import kkt_solve_from_k_gluon
     G = chunk_cumsum(g, CHUNK)
     one = kkt_solve_from_k_gluon(k, G, beta, HV, torch.bfloat16, shared_keys=False,
                                  staged_gates=False)
-    variants = [dict(shared_keys=h, staged_gates=st) for st in (False, True) for h in (False, True)]
+    variants = [dict(shared_keys=h, staged_gates=st)
+                for st in (False, True) for h in (False, True)]
     # (the first timing of a run has come out slow: the unstaged two-head form again last)
     variants += [dict(shared_keys=True, staged_gates=True, maxnreg=184),
                  dict(shared_keys=True, staged_gates=False)]

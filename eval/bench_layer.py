@@ -178,14 +178,12 @@ def main(argv=None):
         parser.error(f"--device must be cuda or cpu, got {args.device!r}")
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("needs a CUDA device (or --device cpu)")
-    from gdn_fused.validation import check_solve_method
+    from gdn_fused.layer import check_chunk_options
 
     from .mmlu_models import parse_solve_method
     try:
         solve_method, solve_iters = parse_solve_method(args.solve_method)
-        # as the layer checks it: "auto" may resolve to torch, which takes every method
-        check_solve_method("torch" if args.backend == "auto" else args.backend, solve_method,
-                           solve_iters)
+        check_chunk_options(args.backend, args.chunk_size, solve_method, solve_iters)
     except ValueError as e:
         parser.error(f"--solve-method: {e}")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]

@@ -120,6 +120,18 @@ def _check_bool(name, value):
         raise ValueError(f"{name} must be a bool, got {value!r}")
 
 
+def check_chunk_options(backend, chunk_size, solve_method, solve_iters):
+    """The layer's chunk-op options checked as its constructor checks them (also for callers
+    that build layers later, such as eval.bench_layer before it swaps): returns
+    ``(chunk_size, solve_iters)`` as ints (or None); ValueError / TypeError naming the option.
+    "auto" may resolve to torch, which implements every method; a method the Triton backends
+    lack is then refused by the op when it runs on CUDA."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    return as_chunk_size(chunk_size), check_solve_method(
+        "torch" if backend == "auto" else backend, solve_method, solve_iters)
+
+
 def last_token_windows(full: torch.Tensor, keep: torch.Tensor, width: int) -> torch.Tensor:
     """Each row's conv window ending at its last token: ``full [B, C, L]`` (cached context,
     then this call's T inputs), ``keep [B, T]`` bool → ``[B, C, width]``, the ``width``
@@ -200,13 +212,8 @@ class GatedDeltaNet(nn.Module):
                              f"{dtype!r}")
         if layer_idx is not None:
             _check_int("layer_idx", layer_idx, 0)
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        chunk_size = as_chunk_size(chunk_size)
-        # "auto" may resolve to torch, which implements every method; a method the Triton
-        # backends lack is then refused by the op when it runs on CUDA
-        solve_iters = check_solve_method("torch" if backend == "auto" else backend, solve_method,
-                                         solve_iters)
+        chunk_size, solve_iters = check_chunk_options(backend, chunk_size, solve_method,
+                                                      solve_iters)
 
         self.d_model, self.num_heads, self.num_v_heads = d_model, num_heads, num_v_heads
         self.head_k_dim, self.head_v_dim = head_k_dim, head_v_dim

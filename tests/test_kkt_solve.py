@@ -241,11 +241,11 @@ def test_gluon_from_k_with_shared_keys_compiles():
 def test_gluon_from_k_with_shared_keys(gva):
     """kkt_solve_from_k_gluon with shared_keys (K Kᵀ formed once for two value heads), with the
     gates staged in shared memory (staged_gates) and with both gives the bits of one head a
-    program reading its gates from global memory, fp32 and bf16 out, for logsigmoid and zero gates, dense with a
-    partial last chunk (B = 2) and packed with an empty sequence. (Session 11, before the
-    substitution's row-0 term became a select: the second head of each pair differed by
-    ≤ 1.9e-9, an fma contraction the compiler chose differently in its copy of the solve; see
-    kkt_solve_from_k_gluon_kernel.)"""
+    program reading its gates from global memory, fp32 and bf16 out, for logsigmoid and zero
+    gates, dense with a partial last chunk (B = 2) and packed with an empty sequence.
+    (Session 11, before the substitution's row-0 term became a select: the second head of
+    each pair differed by ≤ 1.9e-9, an fma contraction the compiler chose differently in its
+    copy of the solve; see kkt_solve_from_k_gluon_kernel.)"""
     from gdn_fused.kernels.chunk_index import chunk_layout
     from gdn_fused.kernels.gluon_kkt_solve import kkt_solve_from_k_gluon
     H = 4
