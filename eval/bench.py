@@ -648,12 +648,14 @@ def sweep_kkt_solve(bandwidth, B=8, T=4096):
     from gdn_fused.kernels.gluon_kkt_solve import kkt_solve_from_k_gluon
     G = chunk_cumsum(g, CHUNK)
     one = kkt_solve_from_k_gluon(k, G, beta, HV, torch.bfloat16, shared_keys=False,
-                                 staged_gates=False)
-    variants = [dict(shared_keys=h, staged_gates=st)
+                                 staged_gates=False, swizzled=False)
+    variants = [dict(shared_keys=h, staged_gates=st, swizzled=False)
                 for st in (False, True) for h in (False, True)]
-    # (the first timing of a run has come out slow: the unstaged two-head form again last)
-    variants += [dict(shared_keys=True, staged_gates=True, maxnreg=184),
-                 dict(shared_keys=True, staged_gates=False)]
+    # A's staged blocks swizzled (SWIZZLED_A, session 14), with one head and two a program;
+    # (the first timing of a run has come out slow: the unswizzled two-head form again last)
+    variants += [dict(shared_keys=h, staged_gates=True, swizzled=True) for h in (False, True)]
+    variants += [dict(shared_keys=True, staged_gates=True, swizzled=True, maxnreg=184),
+                 dict(shared_keys=True, staged_gates=True, swizzled=False)]
     for kw in variants:
         same = torch.equal(kkt_solve_from_k_gluon(k, G, beta, HV, torch.bfloat16, **kw), one)
         us = 1e3 * triton.testing.do_bench(

@@ -193,6 +193,16 @@ def _gluon_kkt_solve():
     return kkt_solve_gluon_kernel, sig, dict(HV=32, IS_VARLEN=False)
 
 
+def _gluon_kkt_solve_from_k():
+    from gdn_fused.kernels.gluon_kkt_solve import _key_layouts, kkt_solve_from_k_gluon_kernel
+    sig = {"k": "*bf16", "G": "*fp64", "beta": "*bf16", "Ai": "*bf16", "cu_seqlens": "*i32",
+           "chunk_indices": "*i32", "T": "i32", "NBH": "i32"}
+    KA, keys, keys_smem = _key_layouts(128)
+    return kkt_solve_from_k_gluon_kernel, sig, dict(H=16, HV=32, K=128, KA=KA, KEYS=keys,
+                                                    KEYS_SMEM=keys_smem, IS_VARLEN=False,
+                                                    HEADS=2)
+
+
 def _fused_fwd(num_segments: int = 1, load_t: bool = True):
     from gdn_fused.kernels.fused_fwd import SUB, _fused_fwd_kernel, dot_precisions, launch_config
     import torch
@@ -309,6 +319,7 @@ def _kernels() -> dict:
                                                                      maxnreg=MAXNREG_FROM_A)),
         "kkt_solve blocked (from k)": (lambda: _kkt_solve(True), dict(num_warps=NUM_WARPS["blocked"])),
         "kkt_solve gluon (A in)": (_gluon_kkt_solve, dict(num_warps=1)),
+        "kkt_solve gluon (from k)": (_gluon_kkt_solve_from_k, dict(num_warps=1)),
         "kkt_solve newton_schulz:12 (from k)": (lambda: _kkt_solve(True, "newton_schulz", 12),
                                                 dict(num_warps=NUM_WARPS["newton_schulz"])),
         "fused forward (T read)": (lambda: _fused_fwd(1), launch_config(128)[1]),

@@ -77,12 +77,27 @@ COLUMNS = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 2, 16], threads_per_
 # coalesced loads of [n, 16, 16] blocks: 16-byte vectors, a 64-byte block row per 4 lanes
 LOAD3 = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 1, 4], threads_per_warp=[1, 8, 4],
                                       warps_per_cta=[1, 1, 1], order=[2, 1, 0]))
-FLAT = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+# A's fp32 blocks in shared memory, [rows, 16] (and [blocks, rows, 16] views of them): rows of
+# 64 bytes, whose 16-byte quarters are XOR-swizzled by (row // 2) % 4 (Triton's choice for a
+# 32-bit mma operand), so that the eight rows an ldmatrix phase reads fall in eight different
+# 16-byte bank groups. Unswizzled, rows r and r + 2 share banks: ncu (H200, session 14) counted
+# 16-way conflicts on every operand ldmatrix and 46 % of all shared-load wavefronts excess
+SWIZZLED_A = True
 # a chunk's 64 gate or β values across the warp's lanes, and in shared memory
 ROW_SMEM = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
 ROW = gl.constexpr(gl.BlockedLayout(size_per_thread=[2], threads_per_warp=[32],
                                     warps_per_cta=[1], order=[0]))
-STACK = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0]))
+
+
+@gluon.constexpr_function
+def a_staging(rank, swizzled):
+    """Shared layout of A's fp32 blocks as a rank-2 [rows, 16] or rank-3 [blocks, rows, 16]
+    tile (see :data:`SWIZZLED_A`); the two ranks address the same bytes alike when a block
+    has a multiple of 8 rows."""
+    order = list(range(rank - 1, -1, -1))
+    if swizzled:
+        return gl.SwizzledSharedLayout(4, 2, 4, order=order)
+    return gl.SwizzledSharedLayout(1, 1, 1, order=order)
 MMA = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1],
                                              instr_shape=[16, 8]))
 # 32-bit operands: one element per 32 bits
@@ -134,10 +149,12 @@ def _mma3(a, b, acc):
 
 
 @gluon.jit
-def _stack(smem, k0: gl.constexpr, n: gl.constexpr):
-    """Blocks k0 .. k0 + n − 1 of a [K · 16, 16] shared tile as a [n, 16, 16] view."""
+def _stack(smem, k0: gl.constexpr, n: gl.constexpr, SWIZZLED: gl.constexpr):
+    """Blocks k0 .. k0 + n − 1 of a [K · 16, 16] shared tile (laid out as a_staging(2,
+    SWIZZLED)) as a [n, 16, 16] view."""
+    layout: gl.constexpr = a_staging(3, SWIZZLED)
     return smem.slice(k0 * BLOCK, n * BLOCK, dim=0)._reinterpret(gl.float32, [n, BLOCK, BLOCK],
-                                                                 STACK)
+                                                                 layout)
 
 
 @gluon.jit
@@ -194,12 +211,14 @@ def _as_b(x):
 
 
 @gluon.jit
-def _solve_staged(l3, diag, cpl, t_tile, S, row0, seqlen):
+def _solve_staged(l3, inv3, diag, cpl, t_tile, S, row0, seqlen):
     """The blocked solve of a tile whose strictly lower A blocks are staged in shared memory:
-    l3 the four diagonal ones as a [4, 16, 16] view and diag the same four as [16, 16] views
-    (a rank-3 shared view cannot be indexed in Triton 3.6), cpl the six coupling ones as
-    [16, 16] views in the order of _load_blocks. Writes T = (I + A)⁻¹ at t_tile (row stride S; rows
-    from row0 past seqlen are not written); overwrites l3 with the diagonal inverses."""
+    l3 the four diagonal ones as an unswizzled [4, 16, 16] view (its rows are read one at a
+    time, which a swizzled view cannot slice), inv3 the same bytes in A's staging layout
+    (a_staging(3, ·)), which the diagonal inverses overwrite, and diag those four as [16, 16]
+    views of that layout (a rank-3 shared view cannot be indexed in Triton 3.6); cpl the six
+    coupling ones as [16, 16] views in the order of _load_blocks. Writes T = (I + A)⁻¹ at
+    t_tile (row stride S; rows from row0 past seqlen are not written)."""
     # diagonal blocks: T3[b, j, m] = (I + L_bb)⁻¹[m, j], row m by row, each thread its own two
     # columns j
     ob = gl.arange(0, NB, layout=gl.SliceLayout(1, gl.SliceLayout(2, COLUMNS)))[:, None, None]
@@ -219,10 +238,10 @@ def _solve_staged(l3, diag, cpl, t_tile, S, row0, seqlen):
     gl.thread_barrier()  # every row of L read before the inverses overwrite it
     # the inverses through shared memory (transposed back to [b, row, column]), where each is
     # read in the operand layouts it enters
-    l3.permute((0, 2, 1)).store(T3)
+    inv3.permute((0, 2, 1)).store(T3)
     gl.thread_barrier()
     # the diagonal blocks and the zero blocks above them go out in 16-byte rows
-    _store(t_tile, S, row0, seqlen, l3.load(LOAD3), 0, 0)
+    _store(t_tile, S, row0, seqlen, inv3.load(LOAD3), 0, 0)
     zero = gl.zeros([BLOCK, BLOCK], gl.float32, gl.SliceLayout(0, LOAD3))
     for ib in gl.static_range(NB - 1):
         for jb in gl.static_range(ib + 1, NB):
@@ -259,8 +278,10 @@ def _solve_staged(l3, diag, cpl, t_tile, S, row0, seqlen):
 
 @gluon.jit
 def kkt_solve_gluon_kernel(A, Ai, cu_seqlens, chunk_indices, T, NBH, HV: gl.constexpr,
-                           IS_VARLEN: gl.constexpr):
+                           IS_VARLEN: gl.constexpr, SWIZZLED: gl.constexpr = SWIZZLED_A):
     BT: gl.constexpr = NB * BLOCK
+    flat: gl.constexpr = a_staging(2, SWIZZLED)
+    rows: gl.constexpr = a_staging(2, False)
     i_t, i_hv, bos, seqlen = _program(T, NBH, cu_seqlens, chunk_indices, HV, IS_VARLEN)
     S: gl.constexpr = HV * BT  # row stride of A and T
     row0 = i_t * BT
@@ -270,23 +291,25 @@ def kkt_solve_gluon_kernel(A, Ai, cu_seqlens, chunk_indices, T, NBH, HV: gl.cons
 
     # the ten blocks of A's lower triangle into shared memory first, all loads in flight at
     # once: one memory latency a tile instead of one per substitution row and product
-    l_smem = gl.allocate_shared_memory(gl.float32, [NB * BLOCK, BLOCK], FLAT)
+    l_smem = gl.allocate_shared_memory(gl.float32, [NB * BLOCK, BLOCK], rows)
     # (the six coupling blocks as 4 + 2: shared tiles have power-of-two shapes)
-    c_smem = (gl.allocate_shared_memory(gl.float32, [4 * BLOCK, BLOCK], FLAT),
-              gl.allocate_shared_memory(gl.float32, [2 * BLOCK, BLOCK], FLAT))
+    c_smem = (gl.allocate_shared_memory(gl.float32, [4 * BLOCK, BLOCK], flat),
+              gl.allocate_shared_memory(gl.float32, [2 * BLOCK, BLOCK], flat))
     lower = _load_blocks(a_tile, S, row0, seqlen, 0, NB, True)
     first = _load_blocks(a_tile, S, row0, seqlen, 0, 4, False)
     rest = _load_blocks(a_tile, S, row0, seqlen, 4, 2, False)
-    _stack(l_smem, 0, NB).store(lower)
-    _stack(c_smem[0], 0, 4).store(first)
-    _stack(c_smem[1], 0, 2).store(rest)
+    _stack(l_smem, 0, NB, False).store(lower)
+    _stack(c_smem[0], 0, 4, SWIZZLED).store(first)
+    _stack(c_smem[1], 0, 2, SWIZZLED).store(rest)
     gl.thread_barrier()
     cpl = (c_smem[0].slice(0, BLOCK), c_smem[0].slice(BLOCK, BLOCK),
            c_smem[0].slice(2 * BLOCK, BLOCK), c_smem[0].slice(3 * BLOCK, BLOCK),
            c_smem[1].slice(0, BLOCK), c_smem[1].slice(BLOCK, BLOCK))
-    diag = (l_smem.slice(0, BLOCK), l_smem.slice(BLOCK, BLOCK), l_smem.slice(2 * BLOCK, BLOCK),
-            l_smem.slice(3 * BLOCK, BLOCK))
-    _solve_staged(_stack(l_smem, 0, NB), diag, cpl, t_tile, S, row0, seqlen)
+    inv = l_smem._reinterpret(gl.float32, [NB * BLOCK, BLOCK], flat)
+    diag = (inv.slice(0, BLOCK), inv.slice(BLOCK, BLOCK), inv.slice(2 * BLOCK, BLOCK),
+            inv.slice(3 * BLOCK, BLOCK))
+    _solve_staged(_stack(l_smem, 0, NB, False), _stack(inv, 0, NB, SWIZZLED), diag, cpl, t_tile,
+                  S, row0, seqlen)
 
 
 @gluon.jit
@@ -334,7 +357,8 @@ def kkt_solve_from_k_gluon_kernel(k, G, beta, Ai, cu_seqlens, chunk_indices, T, 
                                   H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
                                   KA: gl.constexpr, KEYS: gl.constexpr,
                                   KEYS_SMEM: gl.constexpr, IS_VARLEN: gl.constexpr,
-                                  HEADS: gl.constexpr = 1, STAGED_GATES: gl.constexpr = True):
+                                  HEADS: gl.constexpr = 1, STAGED_GATES: gl.constexpr = True,
+                                  SWIZZLED: gl.constexpr = SWIZZLED_A):
     """kkt_solve_gluon_kernel with A formed on chip: the chunk's keys [64, K] (16-bit) go into
     shared memory once, each of the ten lower 16 × 16 blocks of K Kᵀ is one mma_v2 product
     (bf16/fp16 in, fp32 accumulate, as chunk_kkt's tl.dot), gated and scaled as chunk_kkt
@@ -405,13 +429,17 @@ def kkt_solve_from_k_gluon_kernel(k, G, beta, Ai, cu_seqlens, chunk_indices, T, 
     # fp32 rows [ib·R, (ib + 1)·R) of the same bytes: block row ib's staging area, slot 0
     # (16 rows) its diagonal block, slot jb + 1 the block (ib, jb)
     R: gl.constexpr = KA // 2
-    stage = k_smem._reinterpret(gl.float32, [NB * R, BLOCK], FLAT)
+    flat: gl.constexpr = a_staging(2, SWIZZLED)
+    rows_layout: gl.constexpr = a_staging(2, False)
+    stage = k_smem._reinterpret(gl.float32, [NB * R, BLOCK], flat)
+    # the diagonal blocks of A unswizzled (the substitution reads them a row at a time)
+    stage_rows = k_smem._reinterpret(gl.float32, [NB * R, BLOCK], rows_layout)
     if HEADS == 2:
         # the second head's A blocks, staged as kkt_solve_gluon_kernel stages them: the four
         # diagonal ones stacked, the six coupling ones in _load_blocks' order (4 + 2)
-        l1_smem = gl.allocate_shared_memory(gl.float32, [NB * BLOCK, BLOCK], FLAT)
-        c1_smem = (gl.allocate_shared_memory(gl.float32, [4 * BLOCK, BLOCK], FLAT),
-                   gl.allocate_shared_memory(gl.float32, [2 * BLOCK, BLOCK], FLAT))
+        l1_smem = gl.allocate_shared_memory(gl.float32, [NB * BLOCK, BLOCK], rows_layout)
+        c1_smem = (gl.allocate_shared_memory(gl.float32, [4 * BLOCK, BLOCK], flat),
+                   gl.allocate_shared_memory(gl.float32, [2 * BLOCK, BLOCK], flat))
     gl.thread_barrier()
     zero = gl.zeros([BLOCK, BLOCK], gl.float32, MMA)
     for ib in gl.static_range(NB - 1, -1, -1):
@@ -423,7 +451,7 @@ def kkt_solve_from_k_gluon_kernel(k, G, beta, Ai, cu_seqlens, chunk_indices, T, 
             l1_smem.slice(ib * BLOCK, BLOCK).store(
                 _gated_block(kk, g1, b1, row0, seqlen, ib, ib, HV, STAGED_GATES))
         gl.thread_barrier()  # key rows 16ib … read by every thread: free for A's blocks now
-        stage.slice(ib * R, BLOCK).store(a)
+        stage_rows.slice(ib * R, BLOCK).store(a)
         for jb in gl.static_range(ib):  # key rows above 16ib: not overwritten yet
             cols = k_smem.slice(jb * BLOCK, BLOCK).permute((1, 0)).load(B16_OP)
             kk = mma_v2(rows, cols, zero)
@@ -438,15 +466,19 @@ def kkt_solve_from_k_gluon_kernel(k, G, beta, Ai, cu_seqlens, chunk_indices, T, 
            stage.slice(3 * R + 2 * BLOCK, BLOCK), stage.slice(3 * R + 3 * BLOCK, BLOCK))
     diag = (stage.slice(0, BLOCK), stage.slice(R, BLOCK), stage.slice(2 * R, BLOCK),
             stage.slice(3 * R, BLOCK))
-    l3 = k_smem._reinterpret(gl.float32, [NB, R, BLOCK], STACK).slice(0, BLOCK, dim=1)
-    _solve_staged(l3, diag, cpl, t_tile, S, row0, seqlen)
+    l3 = k_smem._reinterpret(gl.float32, [NB, R, BLOCK], a_staging(3, False))
+    inv3 = k_smem._reinterpret(gl.float32, [NB, R, BLOCK], a_staging(3, SWIZZLED))
+    _solve_staged(l3.slice(0, BLOCK, dim=1), inv3.slice(0, BLOCK, dim=1), diag, cpl, t_tile, S,
+                  row0, seqlen)
     if HEADS == 2:
         cpl = (c1_smem[0].slice(0, BLOCK), c1_smem[0].slice(BLOCK, BLOCK),
                c1_smem[0].slice(2 * BLOCK, BLOCK), c1_smem[0].slice(3 * BLOCK, BLOCK),
                c1_smem[1].slice(0, BLOCK), c1_smem[1].slice(BLOCK, BLOCK))
-        diag = (l1_smem.slice(0, BLOCK), l1_smem.slice(BLOCK, BLOCK),
-                l1_smem.slice(2 * BLOCK, BLOCK), l1_smem.slice(3 * BLOCK, BLOCK))
-        _solve_staged(_stack(l1_smem, 0, NB), diag, cpl, t_tile + BT, S, row0, seqlen)
+        inv1 = l1_smem._reinterpret(gl.float32, [NB * BLOCK, BLOCK], flat)
+        diag = (inv1.slice(0, BLOCK), inv1.slice(BLOCK, BLOCK), inv1.slice(2 * BLOCK, BLOCK),
+                inv1.slice(3 * BLOCK, BLOCK))
+        _solve_staged(_stack(l1_smem, 0, NB, False), _stack(inv1, 0, NB, SWIZZLED), diag, cpl,
+                      t_tile + BT, S, row0, seqlen)
 
 
 def kkt_solve_gluon(A, output_dtype=torch.float32, cu_seqlens=None, chunk_indices=None,
@@ -488,7 +520,7 @@ def _key_layouts(K):
 
 def kkt_solve_from_k_gluon(k, G, beta, num_value_heads, output_dtype=torch.float32,
                            cu_seqlens=None, chunk_indices=None, num_chunks=None, maxnreg=None,
-                           shared_keys=None, staged_gates=None):
+                           shared_keys=None, staged_gates=None, swizzled=None):
     """T = (I + strictLower(diag(β)(Γ ⊙ K Kᵀ)))⁻¹ per chunk of 64 on a CUDA GPU (sm_80 or
     later), A formed on chip and never written: k [B, T, H, K] fp16/bf16 with K a power of two
     in [16, 256], G [B, T, HV] chunk-cumulated (fp64 from chunk_cumsum), beta [B, T, HV]; returns
@@ -499,7 +531,8 @@ def kkt_solve_from_k_gluon(k, G, beta, num_value_heads, output_dtype=torch.float
     sweeps); shared_keys: solve two value heads of a key head a program where HV / H is even
     (None: :data:`SHARED_KEYS`; the same bits either way, measured on the H200);
     staged_gates: G and β staged in shared memory once a chunk (None: :data:`STAGED_GATES`;
-    the same values either way)."""
+    the same values either way); swizzled: A's staged blocks swizzled (None:
+    :data:`SWIZZLED_A`; the same values either way)."""
     B, T, H, K = k.shape
     if k.dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"kkt_solve_from_k_gluon: k must be fp16 or bf16, got {k.dtype}")
@@ -517,5 +550,6 @@ def kkt_solve_from_k_gluon(k, G, beta, num_value_heads, output_dtype=torch.float
         k, G, beta, Ai, cu_seqlens, chunk_indices, T, B * HV // heads, H=H, HV=HV, K=K, KA=KA,
         KEYS=keys, KEYS_SMEM=keys_smem, IS_VARLEN=cu_seqlens is not None, HEADS=heads,
         STAGED_GATES=STAGED_GATES if staged_gates is None else bool(staged_gates),
+        SWIZZLED=SWIZZLED_A if swizzled is None else bool(swizzled),
         num_warps=NUM_WARPS, **({} if maxnreg is None else {"maxnreg": maxnreg}))
     return Ai

@@ -240,8 +240,9 @@ def test_gluon_from_k_with_shared_keys_compiles():
 @pytest.mark.parametrize("gva", [2, 4])
 def test_gluon_from_k_with_shared_keys(gva):
     """kkt_solve_from_k_gluon with shared_keys (K Kᵀ formed once for two value heads), with the
-    gates staged in shared memory (staged_gates) and with both gives the bits of one head a
-    program reading its gates from global memory, fp32 and bf16 out, for logsigmoid and zero
+    gates staged in shared memory (staged_gates) and with both and A's blocks swizzled
+    (swizzled) gives the bits of one head a program reading its gates from global memory with
+    A unswizzled, fp32 and bf16 out, for logsigmoid and zero
     gates, dense with a partial last chunk (B = 2) and packed with an empty sequence.
     (Session 11, before the substitution's row-0 term became a select: the second head of
     each pair differed by ≤ 1.9e-9, an fma contraction the compiler chose differently in its
@@ -259,12 +260,14 @@ def test_gluon_from_k_with_shared_keys(gva):
             G = chunk_cumsum(g, 64, **idx)
             for dtype in (torch.float32, torch.bfloat16):
                 one = kkt_solve_from_k_gluon(k, G, beta, HV, dtype, shared_keys=False,
-                                             staged_gates=False, **idx)
-                for shared, staged in ((True, False), (False, True), (True, True)):
+                                             staged_gates=False, swizzled=False, **idx)
+                for shared, staged, swizzled in ((True, False, False), (False, True, False),
+                                                 (True, True, True)):
                     two = kkt_solve_from_k_gluon(k, G, beta, HV, dtype, shared_keys=shared,
-                                                 staged_gates=staged, **idx)
+                                                 staged_gates=staged, swizzled=swizzled, **idx)
                     d = (one.float() - two.float()).abs().max().item()
-                    assert torch.equal(one, two), (gate, B, T, dtype, shared, staged, d)
+                    assert torch.equal(one, two), (gate, B, T, dtype, shared, staged, swizzled,
+                                                   d)
 
 
 def test_gluon_from_k_refusals():
