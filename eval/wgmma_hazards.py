@@ -225,6 +225,11 @@ def main(argv=None):
     p.add_argument("--launched", action="store_true",
                    help="instead scan every kernel a GPU forward + backward compiles")
     args = p.parse_args(argv)
+    for name in ("stages", "warps", "block_v"):
+        values = getattr(args, name)
+        for value in (values if isinstance(values, list) else [values]):
+            if value is not None and value < 1:
+                p.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     import torch
     if args.launched and not torch.cuda.is_available():
         p.error("--launched needs a CUDA device (it runs a forward and backward)")

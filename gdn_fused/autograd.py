@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 from torch.autograd import forward_ad
+from torch.autograd.function import once_differentiable
 
 from gdn_fused.reference import chunk_gated_delta_rule_ref, l2norm
 
@@ -90,6 +91,7 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
         return o, ht
 
     @staticmethod
+    @once_differentiable  # a gradient of these gradients raises instead of coming out silently 0
     def backward(ctx, do, dht):
         from gdn_fused.kernels.chunk_bwd import chunk_gated_delta_rule_bwd
         q, k, v, g, beta, h0, cu_seqlens, Ai = ctx.saved_tensors

@@ -344,10 +344,15 @@ class GatedDeltaNet(nn.Module):
 
         H, HV, K, V = self.num_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim
         gate_dim = self.value_dim if self.use_output_gate else 0
+        if keep is not None:
+            # padded positions' inputs replaced (not multiplied) by 0 before the projection, as
+            # HF's layer zeroes them there: whatever they hold (NaN, inf, or values whose
+            # projection overflows fp16) becomes 0, never inf·0 = NaN, which the conv and the
+            # chunk products (they mix every token of a chunk) would carry into real tokens.
+            # The projection has no bias, so q, k, v there are 0 too
+            hidden_states = torch.where(keep[..., None], hidden_states, 0)
         qkv, z, b, a = self.in_proj(hidden_states).split(
             [self.conv_dim, gate_dim, HV, HV], dim=-1)
-        if keep is not None:
-            qkv = qkv * keep[..., None].to(qkv.dtype)
 
         # read the state before the conv update: HF marks the layer started on that update
         initial_state = None

@@ -131,6 +131,17 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
         ``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] fp32 — fp64 on the torch
         backend with fp64 inputs — or None)``.
 
+    Non-finite inputs: a NaN or inf in k, v, g or beta at token t makes o non-finite from the
+    first token of t's chunk on (not from t): the chunkwise form multiplies every token of a
+    chunk into the chunk's products (K Kᵀ, W, U), where 0 · NaN = NaN, as fla's does.
+    ``fused_recurrent_gated_delta_rule`` is causal token by token. Other sequences of a batch
+    or of cu_seqlens and a packed buffer's tail past ``cu_seqlens[-1]`` stay unaffected.
+    Padding to be ignored must hold finite values (GatedDeltaNet zeroes its padded positions).
+
+    Gradients: first order on every backend. The Triton backends' backward is not itself
+    differentiable: a gradient of their gradients (``create_graph=True`` then backward
+    through the result) raises RuntimeError; the torch backend differentiates to any order.
+
     Raises:
         TypeError / ValueError naming the argument, before any kernel launches, for wrong
         shapes, dtypes, devices, head counts, cu_seqlens, chunk_size, scale, backend,

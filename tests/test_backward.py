@@ -236,6 +236,28 @@ def test_gradient_of_one_input_without_final_state():
     assert ht is None and rel_err(v.grad, ref) <= 1e-4
 
 
+@pytest.mark.parametrize("backend", ["materialized", "fused"])
+def test_second_order_gradients_raise(backend):
+    """The Triton backends' backward is first-order only: differentiating its gradients
+    raises (it returned them without a graph before, so a gradient penalty came out silently
+    wrong: new-user trial, session 14); first-order gradients under create_graph=True still
+    come out; the torch backend differentiates twice."""
+    xs, do, dht, cu = inputs(CASES[4], torch.float32, "cpu")
+    q, k, v, g, b, h = [x.detach().clone() for x in xs]
+    v.requires_grad_()
+    for be in (backend, "torch"):
+        o, _ = chunk_gated_delta_rule(q, k, v, g, b, initial_state=h, chunk_size=32, backend=be)
+        (gv,) = torch.autograd.grad((o * do).sum() + o.pow(2).sum(), v, create_graph=True)
+        if be == "torch":
+            (ggv,) = torch.autograd.grad(gv.pow(2).sum(), v)
+            assert ggv.abs().sum() > 0
+        else:
+            first = gv.detach().clone()
+            with pytest.raises(RuntimeError, match="once_differentiable"):
+                gv.pow(2).sum().backward()
+    assert rel_err(first, gv.detach()) <= 1e-4  # the same first-order gradient either way
+
+
 def test_fused_forward_shares_the_backward():
     """backend="fused" (its own forward kernel; K, V in {64, 128}) with the same backward."""
     case = ("fused", 1, 40, 1, 2, 64, 64, "normal", True, [0, 13, 13, 40], 16)

@@ -298,6 +298,33 @@ def test_left_padding_does_not_leak():
     assert torch.equal(layer(x, attention_mask=torch.ones(2, T, dtype=torch.bool)), layer(x))
 
 
+@pytest.mark.parametrize("backend", ["torch", "materialized"])
+def test_non_finite_padding_does_not_reach_tokens(backend):
+    """Whatever the padded positions hold (NaN, inf, or fp16 values whose projection
+    overflows), the tokens' outputs are those of zeros there, left and right padding. The
+    mask used to multiply the projection (inf · 0 = NaN, carried into tokens by the conv and
+    by the chunk products: new-user trial, session 14)."""
+    if backend != "torch" and not torch.cuda.is_available() and not triton_interpreted():
+        pytest.skip("needs CUDA or TRITON_INTERPRET=1")
+    device = "cuda" if backend != "torch" and torch.cuda.is_available() else "cpu"
+    layer = make_layer(torch.float16, backend=backend, chunk_size=64).to(device)
+    T = 40
+    x = torch.randn(2, T, D_MODEL, device=device).half()
+    for pad in (slice(30, T), slice(0, 7)):  # right, left
+        mask = torch.ones(2, T, dtype=torch.long, device=device)
+        mask[0, pad] = 0
+        with torch.no_grad():
+            clean = x.clone()
+            clean[0, pad] = 0
+            ref = layer(clean, attention_mask=mask)
+            assert ref.isfinite().all()
+            for junk in (6e4, float("nan"), float("inf")):
+                dirty = x.clone()
+                dirty[0, pad] = junk
+                y = layer(dirty, attention_mask=mask)
+                assert torch.equal(y, ref), (pad, junk)
+
+
 def test_packed_sequences_match_separate_runs():
     layer = make_layer()
     cu = torch.tensor([0, 7, 7, 29, 40], dtype=torch.int32)

@@ -83,6 +83,21 @@ def test_varlen_tail_past_cu_seqlens_is_zero():
     assert rel_err(o, o_ref) <= 1e-5 and rel_err(ht, ht_ref) <= 1e-5
 
 
+@pytest.mark.parametrize("backend", ["torch", "materialized", "fused"])
+def test_non_finite_input_spoils_its_chunk_and_nothing_before(backend):
+    """What chunk_gated_delta_rule's docstring promises for a NaN at token t: o is finite
+    before t's chunk and non-finite from its first token on; the other sequence of the
+    batch stays exact; fused_recurrent_gated_delta_rule stays finite up to t − 1."""
+    q, k, v, g, b, _ = make_inputs(2, 130, 1, 1, 64, 64)
+    o_ref, _ = truth(q, k, v, g, b)
+    k[0, 100] = float("nan")
+    o, _ = chunk_gated_delta_rule(q, k, v, g, b, backend=backend)
+    assert o[0, :64].isfinite().all() and not o[0, 64].isfinite().any()
+    assert rel_err(o[0, :64], o_ref[0, :64]) <= 1e-5 and rel_err(o[1], o_ref[1]) <= 1e-5
+    o, _ = fused_recurrent_gated_delta_rule(q, k, v, g, beta=b)
+    assert o[0, :100].isfinite().all() and not o[0, 100].isfinite().any()
+
+
 def test_strided_inputs():
     """Hugging Face passes views of a fused projection; the result must not depend on layout."""
     q, k, v, g, b, _ = make_inputs(1, 70, 2, 2, 32, 32)

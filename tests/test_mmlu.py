@@ -273,6 +273,8 @@ def test_script_on_a_local_checkpoint_directory(tmp_path):
     (["--solve-method", "gauss"], "unknown solve method 'gauss'"),
     (["--backend", "fused"], "needs CUDA tensors"),
     (["--num-fewshot", "-1"], "--num-fewshot must be >= 0"),
+    # the results file is written after the evaluation: a folder given for it fails up front
+    (["--out", "."], "--out: . is a directory"),
 ])
 def test_bad_arguments_exit_2_with_a_clear_message(argv, message, capsys, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)

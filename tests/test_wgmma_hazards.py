@@ -128,3 +128,12 @@ def test_no_kernel_launched_refills_an_in_flight_wgmma_operand():
     counts = launched_hazards()
     print("wgmma hazards per launched kernel:", counts)
     assert len(counts) >= 10 and not any(counts.values()), counts
+
+
+@pytest.mark.parametrize("argv", [["--stages", "0"], ["--warps", "0"], ["--block-v", "-1"]])
+def test_bad_arguments_exit_2(argv, capsys):
+    """Counts below 1 are argparse errors, not an empty scan that reports 0 hazards."""
+    from gdn_fused.eval.wgmma_hazards import main
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2 and "must be >= 1" in capsys.readouterr().err
