@@ -132,18 +132,29 @@ def check_chunk_options(backend, chunk_size, solve_method, solve_iters):
         "torch" if backend == "auto" else backend, solve_method, solve_iters)
 
 
-def last_token_windows(full: torch.Tensor, keep: torch.Tensor, width: int) -> torch.Tensor:
-    """Each row's conv window ending at its last token: ``full [B, C, L]`` (cached context,
-    then this call's T inputs), ``keep [B, T]`` bool → ``[B, C, width]``, the ``width``
-    columns of ``full`` up to and including the row's last kept input (the context's last
-    ones for a row without tokens; zeros before the start). No host sync."""
+def compact_rows(full: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's conv input with its padding taken out: ``full [B, C, L]`` (L − T columns of
+    cached context, then this call's T inputs) and ``keep [B, T]`` bool → ``(stream [B, C, L],
+    index [B, T])``. A row's stream is its padding (as zeros) first, then the context, then its
+    tokens in order, so that every token's causal window holds the context and the row's
+    earlier tokens whatever the padding pattern (left, right, or inside the row, as in a
+    left-padded continuation of a cache). The last T outputs of a causal conv over the stream
+    map back to the T input positions by ``gather(2, index)`` (each token's output; padding
+    positions get some token's output, finite, masked later). No host sync."""
     B, C, L = full.shape
     T = keep.shape[1]
-    pos = torch.arange(T, device=full.device)
-    end = (L - T) + 1 + torch.where(keep, pos, -1).amax(dim=1)  # one past the last token
-    cols = end[:, None] - width + torch.arange(width, device=full.device)
-    # width zero columns in front for the rows whose window reaches before the start
-    return F.pad(full, (width, 0)).gather(2, (cols + width)[:, None, :].expand(B, C, width))
+    n_pad = T - keep.sum(dim=1, keepdim=True)  # [B, 1]
+    # the tokens' positions in order, padding after them
+    order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)
+    s = torch.arange(L, device=full.device)[None, :] - n_pad  # stream column past the padding
+    ctx = L - T
+    token = (s - ctx).clamp(0, T - 1)
+    # column of full + 1 (0: a zero column in front) for every stream column
+    src = torch.where(s < 0, 0, torch.where(s < ctx, s + 1, ctx + 1 + order.gather(1, token)))
+    stream = F.pad(full, (1, 0)).gather(2, src[:, None, :].expand(B, C, L))
+    rank = keep.cumsum(dim=1) - 1  # a token's place among its row's tokens
+    index = (n_pad + rank).clamp(0, T - 1)
+    return stream, index
 
 
 class GatedDeltaNet(nn.Module):
@@ -394,21 +405,30 @@ class GatedDeltaNet(nn.Module):
     def _short_conv(self, qkv, layer_cache, cu_seqlens, keep=None):
         """``[B, T, C]`` → SiLU(causal conv) ``[B, T, C]``, continuing the cached context.
 
-        With a cache and a padding mask over T > 1 tokens, the cached window is then set to
-        each row's last ``conv_size`` inputs up to its last token (the previous window for a
-        row without tokens), not the padding after it, so a right-padded row continues as the
-        row alone would. (One decode token, T = 1, is appended as it comes: decode is
+        With a padding mask over T > 1 tokens the conv runs over each row with its padding
+        taken out (:func:`compact_rows`): every token's window holds the cached context and the
+        row's earlier tokens, wherever the padding sits (a left-padded continuation used to
+        see zeros where the context belongs: new-user trial, session 14). With a cache, the
+        cached window is then set to each row's last ``conv_size`` inputs up to its last
+        token (the previous window for a row without tokens), so a right-padded row continues
+        as the row alone would. (One decode token, T = 1, is appended as it comes: decode is
         host-bound, and its rows are not padded.)"""
         if self.conv1d is None:
             return F.silu(qkv)
-        T = qkv.shape[1]
+        B, T, C = qkv.shape
         x = qkv.transpose(1, 2)
         if layer_cache is not None:
             x = layer_cache.update_conv(self.layer_idx, x, self.conv_size)
-            if keep is not None and T > 1 and hasattr(layer_cache, "set_conv_window"):
-                layer_cache.set_conv_window(self.layer_idx,
-                                            last_token_windows(x, keep, self.conv_size))
-        return causal_short_conv(x, self.conv1d.weight, T, cu_seqlens).transpose(1, 2)
+        if keep is None or T == 1 or cu_seqlens is not None:
+            return causal_short_conv(x, self.conv1d.weight, T, cu_seqlens).transpose(1, 2)
+        stream, index = compact_rows(x, keep)
+        if layer_cache is not None and hasattr(layer_cache, "set_conv_window"):
+            # the window ending at each row's last token (the context's end for a row without
+            # tokens): the stream's last conv_size columns
+            W = self.conv_size
+            layer_cache.set_conv_window(self.layer_idx, F.pad(stream, (W, 0))[..., -W:])
+        y = causal_short_conv(stream, self.conv1d.weight, T)
+        return y.gather(2, index[:, None, :].expand(B, C, T)).transpose(1, 2)
 
     def _recurrent_backend(self):
         """The recurrent op's backend matching the chunk op's: torch, auto, or Triton."""

@@ -267,6 +267,35 @@ def test_right_padded_continuation_continues_like_the_row_alone():
                 assert (y_dec[i][b] - y_alone_dec[0]).abs().max().item() < 1e-11, (b, i)
 
 
+def test_padding_inside_a_row_is_taken_out_of_the_conv():
+    """Padding anywhere in a row: a left-padded continuation of a cache (batched follow-up
+    turns), and padding in the middle of a prompt, each equal to the row's tokens run alone,
+    and so do the decode steps after them. The conv used to read the padding's zeros where
+    the cached context or the row's earlier tokens belong (0.3–1.3 off: new-user trial,
+    session 14; Hugging Face's layer is off there too)."""
+    layer = make_layer()
+    x = torch.randn(3, 12, D_MODEL, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1],
+                         [1, 1, 0, 1, 0, 1, 1, 0, 0, 1, 0, 1],
+                         [1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 1]])
+    step = torch.randn(3, 1, D_MODEL, dtype=torch.float64)
+    with torch.no_grad():
+        whole = layer(x, attention_mask=mask)
+        cache = GatedDeltaNetCache()
+        layer(x[:, :5], attention_mask=mask[:, :5], past_key_values=cache)
+        rest = layer(x[:, 5:], attention_mask=mask, past_key_values=cache)
+        after = layer(step, past_key_values=cache)
+        for b in range(3):
+            keep = mask[b].bool()
+            alone_cache = GatedDeltaNetCache()
+            alone = layer(x[b:b + 1, keep], past_key_values=alone_cache)[0]
+            assert (whole[b, keep] - alone).abs().max().item() < 1e-11, b
+            assert (whole[b, ~keep] == 0).all()
+            assert (rest[b, keep[5:]] - alone[keep[:5].sum():]).abs().max().item() < 1e-11, b
+            assert (after[b] - layer(step[b:b + 1], past_key_values=alone_cache)[0]
+                    ).abs().max().item() < 1e-11, b
+
+
 def test_left_padding_does_not_leak():
     """Two left-padded prompts (random junk in the padding) == the prompts run alone, in the
     output, in the cached states, and in the decode steps that follow."""
