@@ -33,6 +33,7 @@ import time
 import torch
 
 from gdn_fused.layer import A_INIT_RANGE, DT_INIT_FLOOR, DT_INIT_RANGE
+from gdn_fused.models.hf_calls import cache_kwarg, output_cache
 
 from .bench import rel_diff
 
@@ -134,10 +135,10 @@ def measure(model, ids, decode_ids, reps: int, device) -> dict:
     runs = [_timed(device, prefill) for _ in range(reps)]
     step_times = []
     for _ in range(reps):
-        cache = prefill().past_key_values
+        cache = output_cache(prefill())
         for s in range(decode_ids.shape[1]):
-            dt, out = _timed(device, model, decode_ids[:, s:s + 1], past_key_values=cache,
-                             use_cache=True)
+            dt, out = _timed(device, model, decode_ids[:, s:s + 1], use_cache=True,
+                             **{cache_kwarg(model): cache})
             step_times.append(dt)
     layer = model.model.layers[0].linear_attn
     x = torch.randn(1, ids.shape[1], model.config.hidden_size, device=device,

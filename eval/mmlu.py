@@ -335,7 +335,7 @@ def format_table(result: dict) -> str:
     compare = result["reference"] is not None
     head = ["Backend", "Method", "Avg."] + [PAPER_SUBJECTS.get(s, s) for s in subjects]
     if compare:
-        head += ["Agree", "Max |Δlogit|", "Mean |Δlogit|"]
+        head += ["Agree", r"Max \|Δlogit\|", r"Mean \|Δlogit\|"]  # escaped: Markdown cells
     head.append("Time (s)")
     lines = ["| " + " | ".join(head) + " |",
              "|" + "|".join("---" if i < 2 else "---:" for i in range(len(head))) + "|"]

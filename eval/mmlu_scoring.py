@@ -7,11 +7,12 @@ position (the prompt ends in "Answer:").
 """
 from __future__ import annotations
 
-import inspect
 import math
 
 import torch
 from tqdm.auto import tqdm
+
+from gdn_fused.models.hf_calls import cache_kwarg, output_cache
 
 from .mmlu_data import CHOICES
 
@@ -37,13 +38,6 @@ def tokenize_prompts(tokenizer, prompts: list[str]) -> list[list[int]]:
     return tokenizer(prompts, add_special_tokens=False)["input_ids"]
 
 
-def _cache_kwarg(model) -> str:
-    """The name under which ``model.forward`` takes a cache: ``cache`` in newer transformers
-    5.x, ``past_key_values`` before."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters \
-        else "past_key_values"
-
-
 def _forward_last(model, ids: torch.Tensor, last: torch.Tensor, stream: int | None):
     """Logits ``[B, vocab]`` of each row of ``ids [B, T]`` at its position ``last[r]``.
 
@@ -57,15 +51,13 @@ def _forward_last(model, ids: torch.Tensor, last: torch.Tensor, stream: int | No
         keep, slot = torch.unique(last, return_inverse=True)
         return model(input_ids=ids, logits_to_keep=keep, use_cache=False).logits[rows, slot]
     bounds = [0] + list(range(1, ids.shape[1], stream)) + [ids.shape[1]]
-    picked, cache, cache_kwarg = [None] * ids.shape[0], None, _cache_kwarg(model)
+    picked, cache, cache_name = [None] * ids.shape[0], None, cache_kwarg(model)
     for start, end in zip(bounds, bounds[1:]):
         here = ((last >= start) & (last < end)).nonzero().flatten()
         keep, slot = torch.unique(last[here] - start, return_inverse=True)
         out = model(input_ids=ids[:, start:end], logits_to_keep=keep if len(here) else 1,
-                    use_cache=True, **{cache_kwarg: cache})
-        # (not out.get("cache", out.get(...)): the default is evaluated, and reading the
-        # deprecated key warns on transformers 5.24)
-        cache = out["cache"] if "cache" in out else out.get("past_key_values")
+                    use_cache=True, **{cache_name: cache})
+        cache = output_cache(out)
         for r, s in zip(here.tolist(), slot.tolist()):
             picked[r] = out.logits[r, s]
     return torch.stack(picked)

@@ -17,10 +17,14 @@ Weight layouts (transformers ``modeling_qwen3_next.py`` / ``modeling_qwen3_5.py`
 
 Both become our fused ``in_proj`` (rows q, k, v, z, b, a; a new tensor). ``conv1d.weight``
 (channels [q | k | v] in both), ``A_log``, ``dt_bias``, ``norm.weight`` and ``out_proj.weight``
-are re-used as the same Parameter objects.
+are re-used as the same Parameter objects. A swapped module's state dict is in Hugging Face's
+layout (state-dict hooks turn ``in_proj`` back into the projections it came from, and take
+them in ``load_state_dict``), so ``save_pretrained`` of a swapped model writes a checkpoint
+transformers loads as its own.
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import os
@@ -37,20 +41,73 @@ QWEN3_NEXT_CLASSES = ("Qwen3NextGatedDeltaNet",)
 QWEN3_5_CLASSES = ("Qwen3_5GatedDeltaNet", "Qwen3_5MoeGatedDeltaNet")
 
 
-def _qwen3_next_in_proj(module) -> torch.Tensor:
+def _dims(module) -> tuple[int, int, int, int]:
+    """(H, HV, K, V) of a Hugging Face GatedDeltaNet module or of ours."""
+    if isinstance(module, GatedDeltaNet):
+        return module.num_heads, module.num_v_heads, module.head_k_dim, module.head_v_dim
+    return module.num_k_heads, module.num_v_heads, module.head_k_dim, module.head_v_dim
+
+
+# Each layout: the names of its input projections' weights, and the two directions between
+# them and our fused in_proj weight (rows q, k, v, z, b, a).
+def _qwen3_next_to_ours(dims, qkvz, ba) -> torch.Tensor:
     """De-interleave ``in_proj_qkvz`` / ``in_proj_ba`` into our row layout q, k, v, z, b, a."""
-    H, HV = module.num_k_heads, module.num_v_heads
-    K, V, G = module.head_k_dim, module.head_v_dim, HV // H
-    qkvz = module.in_proj_qkvz.weight
-    d = qkvz.shape[1]
+    H, HV, K, V = dims
+    G, d = HV // H, qkvz.shape[1]
     q, k, v, z = qkvz.view(H, 2 * K + 2 * G * V, d).split([K, K, G * V, G * V], dim=1)
-    b, a = module.in_proj_ba.weight.view(H, 2 * G, d).split([G, G], dim=1)
+    b, a = ba.view(H, 2 * G, d).split([G, G], dim=1)
     return torch.cat([t.reshape(-1, d) for t in (q, k, v, z, b, a)], dim=0)
 
 
-def _qwen3_5_in_proj(module) -> torch.Tensor:
-    return torch.cat([module.in_proj_qkv.weight, module.in_proj_z.weight,
-                      module.in_proj_b.weight, module.in_proj_a.weight], dim=0)
+def _qwen3_next_to_hf(dims, weight) -> tuple[torch.Tensor, torch.Tensor]:
+    H, HV, K, V = dims
+    G, d = HV // H, weight.shape[1]
+    q, k, v, z, b, a = weight.split([H * K, H * K, HV * V, HV * V, HV, HV], dim=0)
+    qkvz = torch.cat([q.view(H, K, d), k.view(H, K, d), v.view(H, G * V, d),
+                      z.view(H, G * V, d)], dim=1)
+    return qkvz.reshape(-1, d), torch.cat([b.view(H, G, d), a.view(H, G, d)], dim=1).reshape(-1, d)
+
+
+def _qwen3_5_to_ours(dims, qkv, z, b, a) -> torch.Tensor:
+    return torch.cat([qkv, z, b, a], dim=0)
+
+
+def _qwen3_5_to_hf(dims, weight) -> tuple[torch.Tensor, ...]:
+    H, HV, K, V = dims
+    return weight.split([2 * H * K + HV * V, HV * V, HV, HV], dim=0)
+
+
+LAYOUTS = {  # class names → (projection names, to ours, to HF)
+    QWEN3_NEXT_CLASSES: (("in_proj_qkvz", "in_proj_ba"), _qwen3_next_to_ours, _qwen3_next_to_hf),
+    QWEN3_5_CLASSES: (("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"), _qwen3_5_to_ours,
+                      _qwen3_5_to_hf),
+}
+
+
+def _layout(module) -> tuple:
+    name = type(module).__name__
+    for classes, layout in LAYOUTS.items():
+        if name in classes:
+            return layout
+    raise TypeError(f"module must be one of {QWEN3_NEXT_CLASSES + QWEN3_5_CLASSES}, got {name}")
+
+
+def _state_dict_in_hf_layout(names, to_hf, module, state_dict, prefix, local_metadata):
+    """state_dict post-hook of a swapped module: its fused in_proj weight as the Hugging Face
+    projections it came from, so that ``save_pretrained`` of a swapped model writes a
+    checkpoint transformers loads (and ``load_swapped`` swaps again)."""
+    weight = state_dict.pop(prefix + "in_proj.weight")
+    for name, part in zip(names, to_hf(_dims(module), weight)):
+        state_dict[prefix + name + ".weight"] = part.contiguous()
+
+
+def _load_hf_layout(names, to_ours, module, state_dict, prefix, *args):
+    """load_state_dict pre-hook of a swapped module: Hugging Face projections in the state
+    dict become its fused in_proj weight (a state dict in our own layout loads as it is)."""
+    keys = [prefix + name + ".weight" for name in names]
+    if all(key in state_dict for key in keys):
+        state_dict[prefix + "in_proj.weight"] = to_ours(_dims(module),
+                                                        *(state_dict.pop(key) for key in keys))
 
 
 def gated_deltanet_from_hf(module: nn.Module, backend: str = "auto", chunk_size: int = 64,
@@ -71,7 +128,7 @@ def gated_deltanet_from_hf(module: nn.Module, backend: str = "auto", chunk_size:
         TypeError for another class; ValueError for weights on the meta device (offloaded),
         projection biases, or an activation other than SiLU.
     """
-    in_proj = _check_hf_module(module)
+    names, to_ours, to_hf = _check_hf_module(module)
     with torch.device("meta"):  # no throw-away allocation and init of the new weights
         ours = GatedDeltaNet(
             module.hidden_size, module.num_k_heads, module.num_v_heads,
@@ -80,7 +137,8 @@ def gated_deltanet_from_hf(module: nn.Module, backend: str = "auto", chunk_size:
             layer_idx=module.layer_idx, backend=backend, chunk_size=chunk_size,
             solve_method=solve_method, solve_iters=solve_iters)
     ref = module.out_proj.weight
-    ours.in_proj.weight = nn.Parameter(in_proj(module).detach(),
+    projections = (getattr(module, name).weight for name in names)
+    ours.in_proj.weight = nn.Parameter(to_ours(_dims(module), *projections).detach(),
                                        requires_grad=ref.requires_grad)
     ours.conv1d.weight = module.conv1d.weight
     ours.A_log = module.A_log
@@ -88,22 +146,18 @@ def gated_deltanet_from_hf(module: nn.Module, backend: str = "auto", chunk_size:
     ours.norm.weight = module.norm.weight
     ours.out_proj.weight = module.out_proj.weight
     ours.train(module.training)
+    # its state dict in Hugging Face's layout (save_pretrained, load_state_dict)
+    ours.register_state_dict_post_hook(functools.partial(_state_dict_in_hf_layout, names, to_hf))
+    ours.register_load_state_dict_pre_hook(functools.partial(_load_hf_layout, names, to_ours))
     return ours
 
 
-def _check_hf_module(module: nn.Module):
+def _check_hf_module(module: nn.Module) -> tuple:
     """Raise what :func:`gated_deltanet_from_hf` raises for ``module`` without building
-    anything; return the function that forms its fused input projection."""
+    anything; return its layout (projection names, to ours, to HF)."""
+    names, to_ours, to_hf = _layout(module)
     name = type(module).__name__
-    if name in QWEN3_NEXT_CLASSES:
-        in_proj = _qwen3_next_in_proj
-        projections = (module.in_proj_qkvz, module.in_proj_ba)
-    elif name in QWEN3_5_CLASSES:
-        in_proj = _qwen3_5_in_proj
-        projections = (module.in_proj_qkv, module.in_proj_z, module.in_proj_b, module.in_proj_a)
-    else:
-        raise TypeError(f"module must be one of {QWEN3_NEXT_CLASSES + QWEN3_5_CLASSES}, "
-                        f"got {name}")
+    projections = tuple(getattr(module, n) for n in names)
     if any(p.is_meta for p in module.parameters()):
         raise ValueError(f"{name} (layer {module.layer_idx}) has weights on the meta device "
                          "(offloaded?); load the model onto real devices before swapping")
@@ -114,7 +168,7 @@ def _check_hf_module(module: nn.Module):
     if module.activation not in ("silu", "swish"):
         raise ValueError(f"{name} (layer {module.layer_idx}) uses activation "
                          f"{module.activation!r}; GatedDeltaNet implements SiLU only")
-    return in_proj
+    return names, to_ours, to_hf
 
 
 def swap_gated_deltanet(model: nn.Module, backend: str = "auto", chunk_size: int = 64,

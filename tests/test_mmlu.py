@@ -2,6 +2,7 @@
 statistics, the embedded model and the script end to end on CPU."""
 import importlib.util
 import json
+import re
 
 import pytest
 import torch
@@ -225,7 +226,10 @@ def test_script_end_to_end_on_two_subjects(tmp_path, capsys):
     captured = capsys.readouterr()
     printed = captured.out
     assert "| Backend | Method | Avg. | Anatomy | ColBio | Agree |" in printed
-    assert "| Mean |Δlogit| | Time (s) |" in printed
+    assert r"| Mean \|Δlogit\| | Time (s) |" in printed
+    # a Markdown table: every row has the header's cells (pipes in a cell are escaped)
+    table = [line for line in printed.splitlines() if line.startswith("|")]
+    assert len({len(re.split(r"(?<!\\)\|", line)) for line in table}) == 1, table
     assert "[3/3] recurrent -: 6 questions in " in captured.err  # one log line per row
     # which code the reference ran: fla is not a dependency, so transformers' torch fallback
     assert "- hf: transformers' Qwen3-Next on its torch fallback" in printed

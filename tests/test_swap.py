@@ -9,6 +9,7 @@ from transformers import (Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, Qwen3_5MoeT
 
 from gdn_fused.layer import GatedDeltaNet
 from gdn_fused.models import load_swapped, swap_gated_deltanet
+from gdn_fused.models.hf_calls import cache_kwarg, output_cache
 from gdn_fused.models.swap import QWEN3_5_CLASSES
 
 VOCAB = 128
@@ -142,12 +143,13 @@ def test_prefill_then_decode_with_hf_cache(pair):
     with torch.no_grad():
         full = ours(ids).logits
         out = ours(ids[:, :40], use_cache=True)
-        cache = out.past_key_values
+        cache = output_cache(out)
         logits = [out.logits]
+        with_cache = {cache_kwarg(ours): cache, "use_cache": True}
         for t in range(40, 45):
-            out = ours(ids[:, t:t + 1], past_key_values=cache, use_cache=True)
+            out = ours(ids[:, t:t + 1], **with_cache)
             logits.append(out.logits)
-        out = ours(ids[:, 45:], past_key_values=cache, use_cache=True)  # 15 tokens at once
+        out = ours(ids[:, 45:], **with_cache)  # 15 tokens at once
         logits.append(out.logits)
         steps = torch.cat(logits, 1)
         # the state lives in HF's cache, fp32 [B, HV, K, V]
@@ -156,8 +158,8 @@ def test_prefill_then_decode_with_hf_cache(pair):
         assert state.dtype == torch.float32 and state.shape == (2, 4, 16, 8)
         assert layer.conv_states[0].shape == (2, 2 * 2 * 16 + 4 * 8, 4)
         # HF's unswapped layers continue from a cache our layers filled: same layout
-        our_cache = ours(ids[:, :40], use_cache=True).past_key_values
-        ref_next = hf(ids[:, 40:41], past_key_values=our_cache, use_cache=True).logits
+        our_cache = output_cache(ours(ids[:, :40], use_cache=True))
+        ref_next = hf(ids[:, 40:41], use_cache=True, **{cache_kwarg(hf): our_cache}).logits
     diff = (steps - full).abs().max().item()
     print(f"{family}: one-shot vs prefill+decode logits: max abs diff {diff:.2e}")
     assert diff < LOGIT_ATOL
@@ -202,6 +204,28 @@ def test_load_swapped_from_local_checkpoint(tmp_path):
         assert (model(ids).logits - hf(ids).logits).abs().max().item() < LOGIT_ATOL
     with pytest.raises(ValueError, match="directory"):
         load_swapped(tmp_path / "missing")
+
+
+def test_swapped_model_saves_and_loads_in_hf_layout(pair, tmp_path):
+    """A swapped model's state dict is the unswapped model's (keys and values): save_pretrained
+    of it writes a checkpoint transformers loads as it loads its own, and load_swapped swaps
+    again; an HF state dict loads into a swapped model. (It used to save our fused in_proj,
+    which transformers then dropped and re-initialised at random: new-user trial, session 14.)"""
+    family, hf, ours = pair
+    mine, theirs = ours.state_dict(), hf.state_dict()
+    assert mine.keys() == theirs.keys()
+    assert all(torch.equal(mine[key], theirs[key]) for key in theirs)
+    ids = torch.randint(3, VOCAB, (1, 40))
+    ours.save_pretrained(tmp_path)
+    cls, _ = FAMILIES[family]
+    with torch.no_grad():
+        reference = hf(ids).logits
+        assert torch.equal(cls.from_pretrained(tmp_path).eval()(ids).logits, reference)
+        again = load_swapped(tmp_path, backend="torch", dtype=torch.float32, chunk_size=16)
+        assert (again(ids).logits - reference).abs().max().item() < LOGIT_ATOL
+        other = swapped_copy(tiny_model(family, seed=1))
+        other.load_state_dict(theirs)
+        assert (other(ids).logits - ours(ids).logits).abs().max().item() == 0
 
 
 def test_swap_rejects_bad_arguments_before_replacing():
@@ -283,9 +307,9 @@ def test_right_padded_chunked_prefill_in_hf_cache(pair):
         ids[b, n:] = 0
     with torch.no_grad():
         out = ours(ids[:, :c], attention_mask=mask[:, :c], use_cache=True)
-        out2 = ours(ids[:, c:], attention_mask=mask, past_key_values=out.past_key_values,
-                    use_cache=True)
-        cache = out2.past_key_values
+        out2 = ours(ids[:, c:], attention_mask=mask, use_cache=True,
+                    **{cache_kwarg(ours): output_cache(out)})
+        cache = output_cache(out2)
         for b, n in enumerate(lens):
             alone = ours(ids[b:b + 1, :n], use_cache=True)
             if n > c:
@@ -294,5 +318,5 @@ def test_right_padded_chunked_prefill_in_hf_cache(pair):
             for i, layer in enumerate(ours.model.layers):
                 if hasattr(layer, "linear_attn"):
                     window = cache.layers[i].conv_states[0][b]
-                    alone_window = alone.past_key_values.layers[i].conv_states[0][0]
+                    alone_window = output_cache(alone).layers[i].conv_states[0][0]
                     assert torch.allclose(window, alone_window, atol=1e-4), (b, i)
