@@ -333,9 +333,12 @@ def test_non_finite_padding_does_not_reach_tokens(backend):
     overflows), the tokens' outputs are those of zeros there, left and right padding. The
     mask used to multiply the projection (inf · 0 = NaN, carried into tokens by the conv and
     by the chunk products: new-user trial, session 14)."""
-    if backend != "torch" and not torch.cuda.is_available() and not triton_interpreted():
+    interpreted = triton_interpreted()
+    if backend != "torch" and not torch.cuda.is_available() and not interpreted:
         pytest.skip("needs CUDA or TRITON_INTERPRET=1")
-    device = "cuda" if backend != "torch" and torch.cuda.is_available() else "cpu"
+    # (the interpreter takes CPU tensors, also on a machine with a GPU)
+    device = "cuda" if backend != "torch" and torch.cuda.is_available() and not interpreted \
+        else "cpu"
     layer = make_layer(torch.float16, backend=backend, chunk_size=64).to(device)
     T = 40
     x = torch.randn(2, T, D_MODEL, device=device).half()
