@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 import time
 from collections import Counter
@@ -145,16 +144,6 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if args.num_fewshot < 0:
         parser.error(f"--num-fewshot must be >= 0, got {args.num_fewshot}")
-    # the results file is written after the whole evaluation: a bad path fails now instead
-    if args.out.is_dir():
-        parser.error(f"--out: {args.out} is a directory; give the JSON file to write")
-    try:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        parser.error(f"--out: cannot create its folder {args.out.parent}: {e}")
-    if not os.access(args.out.parent, os.W_OK) or (args.out.exists()
-                                                    and not os.access(args.out, os.W_OK)):
-        parser.error(f"--out: {args.out} is not writable")
     if args.model is not None and not Path(args.model).is_dir():
         parser.error(f"--model: {args.model} is not a checkpoint directory")
     try:
@@ -188,6 +177,20 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         args.variants.append(v)
     if not args.variants:
         parser.error("no (backend, solve method) pair left to run")
+    # the results file is written after the whole evaluation: a bad path fails now instead
+    # (last, so that no other bad argument leaves its folders behind; opened rather than
+    # asked with os.access, which says yes to root everywhere)
+    if args.out.is_dir():
+        parser.error(f"--out: {args.out} is a directory; give the JSON file to write")
+    existed = args.out.exists()
+    try:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        with open(args.out, "a"):
+            pass
+    except OSError as e:
+        parser.error(f"--out: cannot write {args.out}: {e}")
+    if not existed:
+        args.out.unlink()
 
 
 class _LogLines(logging.Handler):

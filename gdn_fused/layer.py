@@ -408,7 +408,8 @@ class GatedDeltaNet(nn.Module):
         With a padding mask over T > 1 tokens the conv runs over each row with its padding
         taken out (:func:`compact_rows`): every token's window holds the cached context and the
         row's earlier tokens, wherever the padding sits (a left-padded continuation used to
-        see zeros where the context belongs: new-user trial, session 14). With a cache, the
+        see zeros where the context belongs: new-user trial, session 14). Not with packed
+        sequences (cu_seqlens): there padding inside a sequence reads as zeros. With a cache, the
         cached window is then set to each row's last ``conv_size`` inputs up to its last
         token (the previous window for a row without tokens), so a right-padded row continues
         as the row alone would. (One decode token, T = 1, is appended as it comes: decode is
@@ -424,9 +425,10 @@ class GatedDeltaNet(nn.Module):
         stream, index = compact_rows(x, keep)
         if layer_cache is not None and hasattr(layer_cache, "set_conv_window"):
             # the window ending at each row's last token (the context's end for a row without
-            # tokens): the stream's last conv_size columns
+            # tokens): the stream's last conv_size columns, copied (a view would keep the whole
+            # prefill's stream alive in the cache)
             W = self.conv_size
-            layer_cache.set_conv_window(self.layer_idx, F.pad(stream, (W, 0))[..., -W:])
+            layer_cache.set_conv_window(self.layer_idx, F.pad(stream, (W, 0))[..., -W:].clone())
         y = causal_short_conv(stream, self.conv1d.weight, T)
         return y.gather(2, index[:, None, :].expand(B, C, T)).transpose(1, 2)
 

@@ -17,15 +17,15 @@ Weight layouts (transformers ``modeling_qwen3_next.py`` / ``modeling_qwen3_5.py`
 
 Both become our fused ``in_proj`` (rows q, k, v, z, b, a; a new tensor). ``conv1d.weight``
 (channels [q | k | v] in both), ``A_log``, ``dt_bias``, ``norm.weight`` and ``out_proj.weight``
-are re-used as the same Parameter objects. A swapped module's state dict is in Hugging Face's
-layout (state-dict hooks turn ``in_proj`` back into the projections it came from, and take
-them in ``load_state_dict``), so ``save_pretrained`` of a swapped model writes a checkpoint
-transformers loads as its own.
+are re-used as the same Parameter objects. A swapped model's own state dict names our fused
+``in_proj`` (what training tools, optimizers, EMA and distributed checkpoints see);
+:func:`hf_state_dict` gives the one in Hugging Face's layout, for
+``model.save_pretrained(path, state_dict=hf_state_dict(model))``.
 """
 from __future__ import annotations
 
-import functools
 import importlib.util
+import json
 import logging
 import os
 
@@ -92,24 +92,6 @@ def _layout(module) -> tuple:
     raise TypeError(f"module must be one of {QWEN3_NEXT_CLASSES + QWEN3_5_CLASSES}, got {name}")
 
 
-def _state_dict_in_hf_layout(names, to_hf, module, state_dict, prefix, local_metadata):
-    """state_dict post-hook of a swapped module: its fused in_proj weight as the Hugging Face
-    projections it came from, so that ``save_pretrained`` of a swapped model writes a
-    checkpoint transformers loads (and ``load_swapped`` swaps again)."""
-    weight = state_dict.pop(prefix + "in_proj.weight")
-    for name, part in zip(names, to_hf(_dims(module), weight)):
-        state_dict[prefix + name + ".weight"] = part.contiguous()
-
-
-def _load_hf_layout(names, to_ours, module, state_dict, prefix, *args):
-    """load_state_dict pre-hook of a swapped module: Hugging Face projections in the state
-    dict become its fused in_proj weight (a state dict in our own layout loads as it is)."""
-    keys = [prefix + name + ".weight" for name in names]
-    if all(key in state_dict for key in keys):
-        state_dict[prefix + "in_proj.weight"] = to_ours(_dims(module),
-                                                        *(state_dict.pop(key) for key in keys))
-
-
 def gated_deltanet_from_hf(module: nn.Module, backend: str = "auto", chunk_size: int = 64,
                            solve_method: str = "blocked",
                            solve_iters: int | None = None) -> GatedDeltaNet:
@@ -146,9 +128,7 @@ def gated_deltanet_from_hf(module: nn.Module, backend: str = "auto", chunk_size:
     ours.norm.weight = module.norm.weight
     ours.out_proj.weight = module.out_proj.weight
     ours.train(module.training)
-    # its state dict in Hugging Face's layout (save_pretrained, load_state_dict)
-    ours.register_state_dict_post_hook(functools.partial(_state_dict_in_hf_layout, names, to_hf))
-    ours.register_load_state_dict_pre_hook(functools.partial(_load_hf_layout, names, to_ours))
+    ours.hf_layout = names, to_hf  # hf_state_dict's way back to the projections it came from
     return ours
 
 
@@ -214,6 +194,46 @@ def swap_gated_deltanet(model: nn.Module, backend: str = "auto", chunk_size: int
     return len(targets)
 
 
+def hf_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """``model.state_dict()`` with each swapped layer's fused ``in_proj.weight`` given back as the
+    Hugging Face projections it came from (``in_proj_qkvz`` / ``in_proj_ba``, or
+    ``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``, ``in_proj_a``; new tensors), so that
+
+        model.save_pretrained(path, state_dict=hf_state_dict(model))
+
+    writes a checkpoint transformers (and :func:`load_swapped`) loads as its own. A plain
+    ``save_pretrained`` of a swapped model saves ``in_proj.weight``, which transformers drops,
+    initialising the projections at random. The model's own ``state_dict()`` keeps our layout
+    on purpose: optimizers, EMA copies, wrappers of ``in_proj`` and distributed checkpoints
+    work on its parameters as they are."""
+    state = model.state_dict()
+    for prefix, module in model.named_modules():
+        layout = getattr(module, "hf_layout", None)
+        key = f"{prefix}.in_proj.weight" if prefix else "in_proj.weight"
+        if layout is None or key not in state:
+            continue
+        names, to_hf = layout
+        for name, part in zip(names, to_hf(_dims(module), state.pop(key))):
+            state[key[:-len("in_proj.weight")] + name + ".weight"] = part.contiguous()
+    return state
+
+
+def _saved_in_our_layout(path: str | os.PathLike) -> bool:
+    """Whether the safetensors checkpoint at ``path`` holds a swapped layer's fused
+    ``in_proj.weight`` (saved by ``save_pretrained`` without :func:`hf_state_dict`)."""
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            keys = json.load(f).get("weight_map", {})
+    elif os.path.isfile(os.path.join(path, "model.safetensors")):
+        from safetensors import safe_open
+        with safe_open(os.path.join(path, "model.safetensors"), "pt") as f:
+            keys = list(f.keys())
+    else:
+        return False
+    return any(k.endswith("linear_attn.in_proj.weight") for k in keys)
+
+
 def load_swapped(path: str | os.PathLike, backend: str = "auto", dtype=torch.bfloat16,
                  device=None, chunk_size: int = 64, solve_method: str = "blocked",
                  solve_iters: int | None = None, **from_pretrained_kwargs) -> nn.Module:
@@ -232,12 +252,18 @@ def load_swapped(path: str | os.PathLike, backend: str = "auto", dtype=torch.bfl
         The model in eval mode with its GatedDeltaNet modules swapped.
 
     Raises:
-        ValueError when ``path`` is not a directory or the model has no GatedDeltaNet module.
+        ValueError when ``path`` is not a directory, holds a checkpoint saved from a swapped
+        model without :func:`hf_state_dict`, or the model has no GatedDeltaNet module.
     """
     from transformers import AutoModelForCausalLM
 
     if not os.path.isdir(path):
         raise ValueError(f"path must be a local checkpoint directory, got {str(path)!r}")
+    if _saved_in_our_layout(path):
+        raise ValueError(f"{str(path)!r} was saved from a swapped model in gdn_fused's layout "
+                         "(linear_attn.in_proj.weight), which transformers cannot load: save "
+                         "with model.save_pretrained(path, state_dict=gdn_fused.models."
+                         "hf_state_dict(model))")
     move_to = None
     if device is not None:
         if importlib.util.find_spec("accelerate") is not None or device == "auto" \

@@ -284,6 +284,8 @@ def test_padding_inside_a_row_is_taken_out_of_the_conv():
         cache = GatedDeltaNetCache()
         layer(x[:, :5], attention_mask=mask[:, :5], past_key_values=cache)
         rest = layer(x[:, 5:], attention_mask=mask, past_key_values=cache)
+        window = cache.conv_states[0]  # a copy, not a view keeping the call's whole input
+        assert window.untyped_storage().nbytes() == window.numel() * window.element_size()
         after = layer(step, past_key_values=cache)
         for b in range(3):
             keep = mask[b].bool()

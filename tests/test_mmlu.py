@@ -279,6 +279,7 @@ def test_script_on_a_local_checkpoint_directory(tmp_path):
     (["--num-fewshot", "-1"], "--num-fewshot must be >= 0"),
     # the results file is written after the evaluation: a folder given for it fails up front
     (["--out", "."], "--out: . is a directory"),
+    (["--out", "/proc/gdn_fused_r.json"], "--out: cannot write"),  # even as root
 ])
 def test_bad_arguments_exit_2_with_a_clear_message(argv, message, capsys, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)

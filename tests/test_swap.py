@@ -8,7 +8,7 @@ from transformers import (Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, Qwen3_5MoeT
                           Qwen3_5TextConfig, Qwen3NextConfig, Qwen3NextForCausalLM)
 
 from gdn_fused.layer import GatedDeltaNet
-from gdn_fused.models import load_swapped, swap_gated_deltanet
+from gdn_fused.models import hf_state_dict, load_swapped, swap_gated_deltanet
 from gdn_fused.models.hf_calls import cache_kwarg, output_cache
 from gdn_fused.models.swap import QWEN3_5_CLASSES
 
@@ -206,26 +206,29 @@ def test_load_swapped_from_local_checkpoint(tmp_path):
         load_swapped(tmp_path / "missing")
 
 
-def test_swapped_model_saves_and_loads_in_hf_layout(pair, tmp_path):
-    """A swapped model's state dict is the unswapped model's (keys and values): save_pretrained
-    of it writes a checkpoint transformers loads as it loads its own, and load_swapped swaps
-    again; an HF state dict loads into a swapped model. (It used to save our fused in_proj,
-    which transformers then dropped and re-initialised at random: new-user trial, session 14.)"""
+def test_swapped_model_saves_in_hf_layout(pair, tmp_path):
+    """hf_state_dict of a swapped model is the unswapped model's state dict (keys and values):
+    save_pretrained with it writes a checkpoint transformers loads as its own, and
+    load_swapped swaps again. The model's own state dict keeps our fused in_proj (training
+    tools write through it); a checkpoint saved from that, which transformers would load with
+    random projections (new-user trial, session 14), is refused by load_swapped."""
     family, hf, ours = pair
-    mine, theirs = ours.state_dict(), hf.state_dict()
+    mine, theirs = hf_state_dict(ours), hf.state_dict()
     assert mine.keys() == theirs.keys()
     assert all(torch.equal(mine[key], theirs[key]) for key in theirs)
+    assert "model.layers.0.linear_attn.in_proj.weight" in ours.state_dict()
     ids = torch.randint(3, VOCAB, (1, 40))
-    ours.save_pretrained(tmp_path)
+    ours.save_pretrained(tmp_path / "hf", state_dict=mine)
     cls, _ = FAMILIES[family]
     with torch.no_grad():
         reference = hf(ids).logits
-        assert torch.equal(cls.from_pretrained(tmp_path).eval()(ids).logits, reference)
-        again = load_swapped(tmp_path, backend="torch", dtype=torch.float32, chunk_size=16)
+        assert torch.equal(cls.from_pretrained(tmp_path / "hf").eval()(ids).logits, reference)
+        again = load_swapped(tmp_path / "hf", backend="torch", dtype=torch.float32,
+                             chunk_size=16)
         assert (again(ids).logits - reference).abs().max().item() < LOGIT_ATOL
-        other = swapped_copy(tiny_model(family, seed=1))
-        other.load_state_dict(theirs)
-        assert (other(ids).logits - ours(ids).logits).abs().max().item() == 0
+    ours.save_pretrained(tmp_path / "ours")
+    with pytest.raises(ValueError, match="saved from a swapped model"):
+        load_swapped(tmp_path / "ours")
 
 
 def test_swap_rejects_bad_arguments_before_replacing():
