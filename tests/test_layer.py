@@ -513,7 +513,8 @@ def test_triton_backends_match_torch_backend(backend):
     tests/conftest.py sets)."""
     if not torch.cuda.is_available() and not triton_interpreted():
         pytest.skip("needs CUDA or TRITON_INTERPRET=1")
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    # (the interpreter takes CPU tensors, also on a machine with a GPU)
+    device = "cuda" if torch.cuda.is_available() and not triton_interpreted() else "cpu"
     # head dims 64: sizes the fused kernel takes, so "fused" is not materialized again
     dims = dict(head_k_dim=64, head_v_dim=64)
     ref = make_layer(torch.float32, backend="torch", **dims).to(device)
