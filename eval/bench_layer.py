@@ -36,6 +36,7 @@ from gdn_fused.layer import A_INIT_RANGE, DT_INIT_FLOOR, DT_INIT_RANGE
 from gdn_fused.models.hf_calls import cache_kwarg, output_cache
 
 from .bench import rel_diff
+from .cli import positive_int
 
 # Qwen3-Next-80B-A3B (config.json of Qwen/Qwen3-Next-80B-A3B-Instruct)
 HIDDEN, QK_HEADS, V_HEADS, HEAD_DIM, CONV, VOCAB = 2048, 16, 32, 128, 4, 151936
@@ -154,10 +155,10 @@ def measure(model, ids, decode_ids, reps: int, device) -> dict:
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m eval.bench_layer",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prefill", type=int, default=8192, help="prompt tokens (B = 1)")
-    parser.add_argument("--decode-steps", type=int, default=64)
-    parser.add_argument("--layers", type=int, default=3)
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--prefill", type=positive_int, default=8192, help="prompt tokens (B = 1)")
+    parser.add_argument("--decode-steps", type=positive_int, default=64)
+    parser.add_argument("--layers", type=positive_int, default=3)
+    parser.add_argument("--reps", type=positive_int, default=3)
     parser.add_argument("--backend", default="auto",
                         choices=["auto", "torch", "materialized", "fused"])
     parser.add_argument("--chunk-size", type=int, default=64, choices=(16, 32, 64))
@@ -168,9 +169,6 @@ def main(argv=None):
     parser.add_argument("--device", default="cuda",
                         help="default cuda; cpu runs the ~780 M-parameter stack on the CPU")
     args = parser.parse_args(argv)
-    for name in ("prefill", "decode_steps", "layers", "reps"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     try:
         device = torch.device(args.device)
     except RuntimeError as e:

@@ -18,6 +18,8 @@ import argparse
 
 import torch
 
+from .cli import positive_int
+
 
 def _twice(diffs, name, fn, names):
     """fn() twice; records (and prints) each output's relative difference between the calls
@@ -80,20 +82,16 @@ def run_twice(T=8192, launches=(), device="cuda", dtype=torch.bfloat16):
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m eval.determinism", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--T", type=int, default=8192)
+    p.add_argument("--T", type=positive_int, default=8192)
     p.add_argument("--warps", type=int, nargs="*", default=[],
                    help="also chunk_bwd_dqkwg and wu_bwd at these num_warps")
-    p.add_argument("--stages", type=int, nargs="*", default=[],
+    p.add_argument("--stages", type=positive_int, nargs="*", default=[],
                    help="also chunk_bwd_dqkwg and wu_bwd at these num_stages")
     p.add_argument("--cpu", action="store_true", help="fp32 under the interpreter")
     args = p.parse_args(argv)
-    if args.T < 1:
-        p.error(f"--T must be >= 1, got {args.T}")
     bad = [w for w in args.warps if w not in (1, 2, 4, 8, 16, 32)]
     if bad:
         p.error(f"--warps must be powers of two up to 32 (Triton's num_warps), got {bad}")
-    if any(s < 1 for s in args.stages):
-        p.error(f"--stages must be >= 1, got {args.stages}")
     if not args.cpu and not torch.cuda.is_available():
         p.error("needs a CUDA device (or --cpu: fp32 under the interpreter)")
     if args.cpu:

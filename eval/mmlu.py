@@ -42,6 +42,7 @@ from pathlib import Path
 
 import torch
 
+from .cli import positive_int
 from .embedded import SHAPES
 from .mmlu_data import PAPER_SUBJECTS, SHIPPED_DATA_DIR, build_prompt, read_split, subjects_in
 from .mmlu_models import (BACKENDS, DTYPES, REFERENCE, ModelSource, free_memory,
@@ -73,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--subjects", nargs="+", default=None, metavar="SUBJECT",
                       help="subjects to evaluate (repeats are dropped), or 'all' alone for "
                            "every subject in --data-dir (default: the paper's ten)")
-    data.add_argument("--limit", type=int, default=None,
+    data.add_argument("--limit", type=positive_int, default=None,
                       help="evaluate only the first N test questions of each subject")
     data.add_argument("--num-fewshot", type=int, default=5,
                       help="dev exemplars in each prompt (default 5)")
@@ -84,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--shape", choices=sorted(SHAPES), default="tiny",
                        help="embedded model shape (default tiny; qwen3-next-80b = the "
                             "Gated DeltaNet layers of Qwen3-Next-80B-A3B, for a GPU)")
-    model.add_argument("--layers", type=int, default=None,
+    model.add_argument("--layers", type=positive_int, default=None,
                        help="embedded model: number of layers (every 4th is full attention; "
                             "default: the shape's own, 4)")
     model.add_argument("--seed", type=int, default=0, help="embedded model: init seed (default 0)")
@@ -101,12 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
                           "blocked mxr newton_schulz:2 newton_schulz:6 mch (default: blocked)")
     run.add_argument("--chunk-size", type=int, default=64, choices=(16, 32, 64),
                      help="chunk size of the chunked backends (default 64)")
-    run.add_argument("--batch-size", type=int, default=None,
+    run.add_argument("--batch-size", type=positive_int, default=None,
                      help=f"prompts per forward pass (default {CPU_BATCH_SIZE} on CPU: the "
                           "fastest of 1, 4, 8, 16 measured on 2 CPU cores; "
                           f"{GPU_BATCH_SIZE} on a GPU, where a forward of a few prompts is "
                           "bound by kernel launches)")
-    run.add_argument("--threads", type=int, default=None,
+    run.add_argument("--threads", type=positive_int, default=None,
                      help="CPU threads of torch (default: 1 for the embedded model on CPU, "
                           "whose tensors are too small to split, else torch's default)")
     out = p.add_argument_group("output")
@@ -138,10 +139,6 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     if unknown:
         parser.error(f"unknown subject(s) {', '.join(unknown)}: not in {args.data_dir / 'test'}; "
                      f"available: {', '.join(available) or '(none)'}")
-    for name in ("limit", "batch_size", "layers", "threads"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if args.num_fewshot < 0:
         parser.error(f"--num-fewshot must be >= 0, got {args.num_fewshot}")
     if args.model is not None and not Path(args.model).is_dir():

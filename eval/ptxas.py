@@ -195,7 +195,7 @@ def _gluon_kkt_solve():
 
 def _gluon_kkt_solve_from_k():
     from gdn_fused.kernels.gluon_kkt_solve import _key_layouts, kkt_solve_from_k_gluon_kernel
-    sig = {"k": "*bf16", "G": "*fp64", "beta": "*bf16", "Ai": "*bf16", "cu_seqlens": "*i32",
+    sig = {"k": "*bf16", "G": "*fp64", "beta": "*fp32", "Ai": "*bf16", "cu_seqlens": "*i32",
            "chunk_indices": "*i32", "T": "i32", "NBH": "i32"}
     KA, keys, keys_smem = _key_layouts(128)
     return kkt_solve_from_k_gluon_kernel, sig, dict(H=16, HV=32, K=128, KA=KA, KEYS=keys,

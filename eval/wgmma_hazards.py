@@ -40,6 +40,8 @@ from __future__ import annotations
 import argparse
 import re
 
+from .cli import positive_int
+
 _VALUE = r"%[\w.]+"
 
 
@@ -216,20 +218,15 @@ def main(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kernels", nargs="+", choices=list(KERNELS), default=list(KERNELS),
                    metavar="NAME", help=f"tl kernels to compile (default all: {list(KERNELS)})")
-    p.add_argument("--stages", type=int, nargs="*", default=None,
+    p.add_argument("--stages", type=positive_int, nargs="*", default=None,
                    help="num_stages to compile instead, varying each kernel's first launch "
                         "(default: every launch the package makes)")
-    p.add_argument("--warps", type=int, default=None, help="num_warps (default: the launch's)")
-    p.add_argument("--block-v", type=int, default=None,
+    p.add_argument("--warps", type=positive_int, default=None, help="num_warps (default: the launch's)")
+    p.add_argument("--block-v", type=positive_int, default=None,
                    help="the BV constexpr (default: the launch's)")
     p.add_argument("--launched", action="store_true",
                    help="instead scan every kernel a GPU forward + backward compiles")
     args = p.parse_args(argv)
-    for name in ("stages", "warps", "block_v"):
-        values = getattr(args, name)
-        for value in (values if isinstance(values, list) else [values]):
-            if value is not None and value < 1:
-                p.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     import torch
     if args.launched and not torch.cuda.is_available():
         p.error("--launched needs a CUDA device (it runs a forward and backward)")

@@ -288,11 +288,12 @@ class GatedDeltaNet(nn.Module):
                 the dtype of the layer's parameters (any, under ``torch.autocast``).
             attention_mask: None or a 2-D padding mask ``[B, T' ≥ T]`` (bool or 0/1 ints; its
                 last T columns are used, Hugging Face's convention). Padded tokens neither
-                write nor decay the state (their k, v, beta and g are zeroed), their conv
-                inputs are zero (so a left-padded prompt convolves like the prompt alone), and
-                their outputs are zero. With a cache, a right-padded row continues as the row
-                alone: the cached conv window holds its last tokens, not its padding (not with
-                a Hugging Face cache that records its past for rollback, which keeps HF's).
+                write nor decay the state (their k, v, beta and g are zeroed), their inputs
+                are replaced by 0 (whatever they hold), the conv runs with them taken out of
+                each row (left, right or inside a row, with or without a cache), and their
+                outputs are zero. With a cache, the cached conv window holds each row's last
+                tokens, not its padding (not with a Hugging Face cache that records its past
+                for rollback, which keeps HF's).
             past_key_values: None, a :class:`gdn_fused.cache.GatedDeltaNetCache`, or a transformers
                 ``Cache`` (``generate()``'s; also accepted as ``cache_params=`` (transformers
                 5.17) or ``cache=`` (newer 5.x)). The layer continues from its state under

@@ -209,12 +209,12 @@ def hf_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     state = model.state_dict()
     for prefix, module in model.named_modules():
         layout = getattr(module, "hf_layout", None)
-        key = f"{prefix}.in_proj.weight" if prefix else "in_proj.weight"
-        if layout is None or key not in state:
+        base = f"{prefix}." if prefix else ""
+        if layout is None or base + "in_proj.weight" not in state:
             continue
         names, to_hf = layout
-        for name, part in zip(names, to_hf(_dims(module), state.pop(key))):
-            state[key[:-len("in_proj.weight")] + name + ".weight"] = part.contiguous()
+        for name, part in zip(names, to_hf(_dims(module), state.pop(base + "in_proj.weight"))):
+            state[base + name + ".weight"] = part.contiguous()
     return state
 
 

@@ -223,14 +223,10 @@ def test_gluon_from_k_with_shared_keys_compiles():
     and the solve's 192 mma.sync twice, no spills, the keys' 16 KB plus the second head's
     10 KB of A and both heads' staged G and β rows (1.5 KB): 28,160 B, 8 programs an SM of
     the H200's 228 KB with its 1 KB a program."""
-    from gdn_fused.eval.ptxas import compile_report
-    from gdn_fused.kernels.gluon_kkt_solve import _key_layouts, kkt_solve_from_k_gluon_kernel
-    KA, layout, shared = _key_layouts(128)
-    sig = {"k": "*bf16", "G": "*fp64", "beta": "*fp32", "Ai": "*bf16", "cu_seqlens": "*i32",
-           "chunk_indices": "*i32", "T": "i32", "NBH": "i32"}
-    r = compile_report(kkt_solve_from_k_gluon_kernel, sig,
-                       dict(H=16, HV=32, K=128, KA=KA, KEYS=layout, KEYS_SMEM=shared,
-                            IS_VARLEN=False, HEADS=2), 90, num_warps=1)
+    from gdn_fused.eval.ptxas import _gluon_kkt_solve_from_k, compile_report
+    fn, sig, consts = _gluon_kkt_solve_from_k()  # HEADS = 2, K = 128
+    KA = consts["KA"]
+    r = compile_report(fn, sig, consts, 90, num_warps=1)
     assert r["features"]["mma.sync"] == 2 * 192 + 10 * 2 * KA // 16, r
     assert r["spill_stores"] == 0, r
     assert r["shared"] == 64 * KA * 2 + 10 * 16 * 16 * 4 + 2 * 64 * 12, r
