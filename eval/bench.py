@@ -394,10 +394,22 @@ def bench_stages(B=1, T=32768):
 # all 128 key columns a program in 8 warps, two value steps of 64 at one stage 1,993; the same
 # with one step of 128 (spills) 2,519; the racing pipelined form (64 value columns, 3 stages)
 # 1,642; q and k loaded before the loop (QK_FIRST, the default since) 1,767 against 1,851.
+# Session 15: a persistent dqkwg (programs looping over the (key block, chunk, head) items,
+# the loop pipelined so the next item's loads overlap this one's products; no wgmma hazard)
+# took 1,988 µs at one stage, 2 an SM (the default 1,747 in the same run), 2,830 at 2
+# stages (1 an SM: 164 KB; Triton 3.6 issued the next item's copies after this item's stores
+# and waited for them at the loop's top), and 4,145 / 4,732 at 3 stages with 32 key columns
+# at 4 / 8 warps (the only form whose copies stay in flight: 213 KB, one an SM; 64 key columns
+# need 256 KB). Removed.
 BWD_VARIANTS = [("chunk_bwd_state", dict(block_v=bv)) for bv in (16, 64)] + [
     ("wu_bwd", dict(num_stages=3)), ("chunk_bwd_dqkwg", dict(block_k=128, block_v=64)),
     ("chunk_bwd_dqkwg", dict(block_v=64, num_stages=3)),
-    ("chunk_bwd_dqkwg", dict(QK_FIRST=True)), ("chunk_bwd_dqkwg", dict(QK_FIRST=False))]
+    ("chunk_bwd_dqkwg", dict(QK_FIRST=True)), ("chunk_bwd_dqkwg", dict(QK_FIRST=False))] + [
+    # the recompute split at the checkpoints: 1,024 programs of 32 value columns instead of
+    # 512 of 64 (state_blocks' choice for 256 sequence-heads), or 3 stages (one an SM). H200,
+    # session 15: 421 µs (unsplit 659), 32 columns 559, 3 stages 441
+    ("chunk_state (checkpoints)", dict(block_v=32)),
+    ("chunk_state (checkpoints)", dict(num_stages=3))]
 # Shared memory and registers (eval.ptxas, sm_90a, K = V = 128): chunk_state's three stages
 # take 117 KB (one program an SM: 8 warps an SM at B·HV ≥ 132), two 81 KB; chunk_output holds
 # 150 registers at 4 warps (3 programs an SM), chunk_bwd_dqkwg 255 at 4 warps with 105 KB of
@@ -427,10 +439,11 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS, device="cuda", dtype=t
     from gdn_fused.kernels.chunk_gate import chunk_cumsum
     from gdn_fused.kernels.chunk_index import chunk_layout
     from gdn_fused.kernels.chunk_output import chunk_output
-    from gdn_fused.kernels.chunk_state import chunk_state
+    from gdn_fused.kernels.chunk_state import SEGMENT_CHUNKS, chunk_state, new_checkpoints
     from gdn_fused.kernels.group_sum import group_sum
     from gdn_fused.kernels.kkt import dot_precision
     from gdn_fused.kernels.kkt_solve import chunk_inverse, default_inverse_dtype
+    from gdn_fused.kernels.materialized import gluon_tiles_apply
     from gdn_fused.kernels.wu import recompute_w_u
     from gdn_fused.kernels.wu_bwd import wu_bwd
     q, k, v, g, beta, h0 = make_inputs(B, T, device, dtype)
@@ -448,6 +461,11 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS, device="cuda", dtype=t
                                  dot_precision=prec)
     dq, dk, dw, dg_part = chunk_bwd_dqkwg(q, k, v_new, h, dh, g, do, dv2, scale, CHUNK,
                                           chunk_offsets=offsets, dot_precision=prec, **idx)
+    checkpoints = new_checkpoints(B, T, HV, DIM, DIM, CHUNK, q.device)
+    if checkpoints is not None:
+        NT = triton.cdiv(T, CHUNK)
+        for s in range(checkpoints.shape[0]):
+            checkpoints[s] = h.view(B, NT, HV, DIM, DIM)[:, (s + 1) * SEGMENT_CHUNKS]
     kernels = {
         "chunk_inverse": lambda **kw: chunk_inverse(
             k, G, beta, HV, CHUNK, default_inverse_dtype(q.dtype), **idx, **kw),
@@ -457,6 +475,12 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS, device="cuda", dtype=t
                                                 chunk_offsets=offsets,
                                                 num_chunks=idx["num_chunks"],
                                                 dot_precision=prec, **kw),
+        # split at a training forward's checkpoints where it stores them (B·HV small; else the
+        # unsplit pass again): the states entering every SEGMENT_CHUNKS-th chunk, read here off
+        # the bf16 h (a timing row: the values do not change the work)
+        "chunk_state (checkpoints)": lambda **kw: chunk_state(
+            k, w, u, G, h0, False, CHUNK, N, chunk_offsets=offsets,
+            num_chunks=idx["num_chunks"], dot_precision=prec, checkpoints=checkpoints, **kw),
         "chunk_output": lambda **kw: chunk_output(q, k, v_new, h, G, scale, CHUNK,
                                                   chunk_offsets=offsets, dot_precision=prec,
                                                   **idx, **kw),
@@ -468,6 +492,9 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS, device="cuda", dtype=t
         "chunk_bwd_dqkwg": lambda **kw: chunk_bwd_dqkwg(
             q, k, v_new, h, dh, g, do, dv2, scale, CHUNK, chunk_offsets=offsets,
             dot_precision=prec, **idx, **kw),
+        # the persistent warp-specialized Gluon form (kernels/gluon_dqkwg.py; GPU only)
+        "chunk_bwd_dqkwg gluon": lambda **kw: chunk_bwd_dqkwg_gluon(
+            q, k, v_new, h, dh, G, do, dv2, scale, **kw),
         "wu_bwd": lambda **kw: wu_bwd(k, v, g, beta, Ai, dw, dv2, dk, dg_part, CHUNK,
                                       dot_precision=prec, **idx, **kw),
         # the GVA sums of dq and dk, and torch's expression they replaced (session 8; two passes
@@ -476,6 +503,14 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS, device="cuda", dtype=t
         "group_sum dq+dk (torch)": lambda: tuple(
             x.view(B, T, H, HV // H, DIM).sum(3).to(q.dtype) for x in (dq, dk)),
     }
+    if not gluon_tiles_apply(q, do, CHUNK, None):
+        del kernels["chunk_bwd_dqkwg gluon"]
+    else:
+        from gdn_fused.kernels.gluon_dqkwg import chunk_bwd_dqkwg_gluon
+        # its outputs against the Triton kernel's, printed with the times
+        got = chunk_bwd_dqkwg_gluon(q, k, v_new, h, dh, G, do, dv2, scale)
+        print("dqkwg gluon vs triton, rel:", [f"{rel_diff(a, b):.2e}" for a, b in
+                                             zip(got, (dq, dk, dw, dg_part))], flush=True)
     stages = [(name, {}) for name in kernels] + list(variants)
     row = {}
     for name, kw in stages:

@@ -280,6 +280,27 @@ def _gluon_transposed_wu(output: bool = True, map_pass: bool = False):
     return fn, sig, {**consts, "WU": True}
 
 
+def _gluon_transposed_wu_checkpoints():
+    """forward_t as a training forward at small B·HV launches it: the chain also stores the
+    states entering every SEGMENT_CHUNKS-th chunk (the backward's recompute checkpoints)."""
+    from gdn_fused.kernels.chunk_state import SEGMENT_CHUNKS
+    fn, sig, consts = _gluon_transposed_wu()
+    return fn, {**sig, "checkpoints": "*fp32"}, {**consts, "CKPT_EVERY": SEGMENT_CHUNKS}
+
+
+def _gluon_dqkwg():
+    """The backward's dq/dk/dw/dg kernel in Gluon (kernels/gluon_dqkwg.py)."""
+    from gdn_fused.kernels.gluon_dqkwg import (DESCRIPTOR_BLOCKS, STAGES,
+                                               chunk_bwd_dqkwg_gluon_kernel)
+    from gdn_fused.kernels.gluon_ring import descriptor_layout
+    names = {"v_new": "vn", "dv2": "dv"}
+    sig = {f"{names.get(n, n)}_desc": tensordesc("bf16", b, descriptor_layout(b))
+           for n, b in DESCRIPTOR_BLOCKS.items()}
+    sig.update(G="*fp64", dg="*fp32", s_dg="i32", scale="fp32", num_items="i32", NBH="i32",
+               T="i32")
+    return chunk_bwd_dqkwg_gluon_kernel, sig, dict(H=16, HV=32, K=128, V=128, STAGES=STAGES)
+
+
 def _gluon_wu():
     from gdn_fused.kernels.gluon_ring import descriptor_layout
     from gdn_fused.kernels.gluon_wu import DESCRIPTOR_BLOCKS, wu_gluon_kernel
@@ -298,6 +319,8 @@ HOPPER_ONLY = ("chunk_state gluon (experimental)", "chunk_state+output gluon (ex
                "state transposed gluon, no output (experimental)",
                "segment maps transposed gluon",
                "forward transposed gluon, W/U on chip",
+               "forward transposed gluon, W/U on chip, checkpoints",
+               "chunk_bwd_dqkwg gluon",
                "segment maps transposed gluon, W/U on chip",
                "state pass storing h transposed gluon (experimental)",
                "state+output transposed gluon, two output groups")
@@ -307,6 +330,7 @@ ARCHS = (80, 86, 89, 90)
 # name → (builder of (fn, signature, constexprs), launch options as the package launches it)
 def _kernels() -> dict:
     from gdn_fused.kernels.fused_fwd import launch_config
+    from gdn_fused.kernels.gluon_dqkwg import MAXNREG as DQKWG_MAXNREG
     from gdn_fused.kernels.gluon_state import MAXNREG
     from gdn_fused.kernels.gluon_state_output import MAXNREG as FUSED_MAXNREG
     from gdn_fused.kernels.gluon_transposed import MAXNREG as T_MAXNREG
@@ -338,6 +362,9 @@ def _kernels() -> dict:
             lambda: _gluon_transposed(False, True), dict(num_warps=4, maxnreg=T_MAXNREG)),
         "forward transposed gluon, W/U on chip": (
             _gluon_transposed_wu, dict(num_warps=4, maxnreg=T_MAXNREG_WU)),
+        "forward transposed gluon, W/U on chip, checkpoints": (
+            _gluon_transposed_wu_checkpoints, dict(num_warps=4, maxnreg=T_MAXNREG_WU)),
+        "chunk_bwd_dqkwg gluon": (_gluon_dqkwg, dict(num_warps=4, maxnreg=DQKWG_MAXNREG)),
         "segment maps transposed gluon, W/U on chip": (
             lambda: _gluon_transposed_wu(False, True), dict(num_warps=4, maxnreg=T_MAXNREG_WU)),
         "state pass storing h transposed gluon (experimental)": (

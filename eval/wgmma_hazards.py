@@ -136,8 +136,10 @@ KERNELS = {
         _STATE_LAUNCHES),
     "chunk_state": ("chunk_state", "chunk_state_kernel", dict(
         k=_BF, w=_BF, u=_BF, G="*fp64", h=_BF, v_new=_BF, h0=_F32, ht=_F32, cu_seqlens=_I32,
-        chunk_offsets=_I32),
-        dict(_DENSE, BK=128, USE_INITIAL_STATE=True, STORE_FINAL_STATE=True), _STATE_LAUNCHES),
+        chunk_offsets=_I32, checkpoints=_F32),
+        dict(_DENSE, BK=128, USE_INITIAL_STATE=True, STORE_FINAL_STATE=True),
+        # and the backward's recompute split at the forward's checkpoints (chunk_state.py)
+        _STATE_LAUNCHES + [dict(num_warps=4, num_stages=2, BV=64, SEG_CHUNKS=64)]),
     "chunk_output": ("chunk_output", "chunk_output_kernel", dict(
         q=_BF, k=_BF, v_new=_BF, h=_BF, G="*fp64", o=_BF, cu_seqlens=_I32,
         chunk_indices=_I32, chunk_offsets=_I32), dict(_DENSE, BK=128, BV=64),

@@ -12,7 +12,11 @@ B = 1, T = 32768, H200, session 9). The backward would compute the same bits (th
 on the same inputs), so the gradients do not change. The fused forward's Hopper route
 (kernels/fused_fwd.uses_warp_specialized) computes that same T and passes it too; its
 plain-Triton kernel's inverse is fp32, and other methods' inverses are not the blocked one:
-after those the backward recomputes T. Most saved inputs are the caller's own tensors; two
+after those the backward recomputes T. Where B·HV leaves SMs idle, the Hopper route's
+training forward (either backend) also keeps the fp32 state entering every 64th chunk (16 B a
+token and value head: 0.5 KB a token at HV = 32, an eighth of T's bytes), so that the
+backward's recompute of the per-chunk states runs 64-chunk segments side by side
+(kernels/chunk_state.py, docs/backward.md). Most saved inputs are the caller's own tensors; two
 can be copies the op made: q and k after ``use_qk_l2norm_in_kernel`` (2·H·K elements a token
 in their dtype) and g after the op's clamp at LOG_DECAY_MIN (HV fp32 a token) — what autograd
 keeps for those element-wise ops anyway.
@@ -31,21 +35,23 @@ from gdn_fused.reference import chunk_gated_delta_rule_ref, l2norm
 
 def _forward(backend, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
              chunk_size, solve_method="blocked", solve_iters=None, cu_seqlens_cpu=None,
-             keep_inverse=False):
-    """(o, final_state), and with ``keep_inverse`` (o, final_state, T or None): the forward's
-    T where the backward can read it instead of recomputing it (module docstring)."""
+             for_backward=False):
+    """(o, final_state), and with ``for_backward`` (o, final_state, T or None, checkpoints or
+    None): the forward's T and state checkpoints where the backward can read them instead of
+    recomputing (module docstring)."""
     if backend == "fused":
         from gdn_fused.kernels.fused_fwd import fused_fwd
         return fused_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-                         chunk_size, cu_seqlens_cpu=cu_seqlens_cpu, return_inverse=keep_inverse)
+                         chunk_size, cu_seqlens_cpu=cu_seqlens_cpu, for_backward=for_backward)
     from gdn_fused.kernels.materialized import materialized_fwd
     # only the blocked inverse in the default storage dtype is the T the backward computes
-    keep = keep_inverse and solve_method == "blocked" and solve_iters is None
+    # (and only its states are the ones the backward's recompute continues from)
+    keep = for_backward and solve_method == "blocked" and solve_iters is None
     out = materialized_fwd(q, k, v, g, beta, scale, initial_state, output_final_state,
                            cu_seqlens, chunk_size, solve_method=solve_method,
                            solve_iters=solve_iters, cu_seqlens_cpu=cu_seqlens_cpu,
-                           return_inverse=keep)
-    return (*out, None) if keep_inverse and not keep else out
+                           for_backward=keep)
+    return (*out, None, None) if for_backward and not keep else out
 
 
 def backward_by_recompute(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens,
@@ -82,10 +88,11 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, initial_state, scale, output_final_state, cu_seqlens,
                 chunk_size, backend, solve_method, solve_iters, cu_seqlens_cpu):
-        o, ht, Ai = _forward(backend, q, k, v, g, beta, scale, initial_state,
-                             output_final_state, cu_seqlens, chunk_size, solve_method,
-                             solve_iters, cu_seqlens_cpu, keep_inverse=True)
-        ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, Ai)
+        o, ht, Ai, checkpoints = _forward(backend, q, k, v, g, beta, scale, initial_state,
+                                          output_final_state, cu_seqlens, chunk_size,
+                                          solve_method, solve_iters, cu_seqlens_cpu,
+                                          for_backward=True)
+        ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, Ai, checkpoints)
         # the host copy of the offsets: the backward sizes its grids without a device read
         ctx.scale, ctx.chunk_size, ctx.cu_seqlens_cpu = scale, chunk_size, cu_seqlens_cpu
         return o, ht
@@ -94,9 +101,10 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
     @once_differentiable  # a gradient of these gradients raises instead of coming out silently 0
     def backward(ctx, do, dht):
         from gdn_fused.kernels.chunk_bwd import chunk_gated_delta_rule_bwd
-        q, k, v, g, beta, h0, cu_seqlens, Ai = ctx.saved_tensors
+        q, k, v, g, beta, h0, cu_seqlens, Ai, checkpoints = ctx.saved_tensors
         grads = chunk_gated_delta_rule_bwd(q, k, v, g, beta, ctx.scale, h0, do, dht, cu_seqlens,
-                                           ctx.chunk_size, ctx.cu_seqlens_cpu, Ai=Ai)
+                                           ctx.chunk_size, ctx.cu_seqlens_cpu, Ai=Ai,
+                                           checkpoints=checkpoints)
         dq, dk, dv, dg, dbeta, dh0 = (d if need else None
                                       for d, need in zip(grads, ctx.needs_input_grad[:6]))
         return dq, dk, dv, dg, dbeta, dh0, None, None, None, None, None, None, None, None

@@ -23,6 +23,8 @@ all, so one backward serves both Triton backends. T is the exception when the fo
 (C values per token-head, 128 B in bf16): its recompute is a latency-bound solve (250 µs at
 B = 1, T = 32768 on the H200), as fla's backward reads its forward's A.
 """
+import os
+
 import torch
 
 from gdn_fused.kernels.chunk_bwd_dqkwg import chunk_bwd_dqkwg
@@ -34,9 +36,27 @@ from gdn_fused.kernels.chunk_state import chunk_state
 from gdn_fused.kernels.group_sum import group_sum
 from gdn_fused.kernels.kkt import dot_precision
 from gdn_fused.kernels.kkt_solve import chunk_inverse, default_inverse_dtype
-from gdn_fused.kernels.materialized import contiguous, uses_state_output_kernel
+from gdn_fused.kernels.materialized import (contiguous, gluon_tiles_apply,
+                                            uses_state_output_kernel)
 from gdn_fused.kernels.wu import recompute_w_u
 from gdn_fused.kernels.wu_bwd import wu_bwd
+
+
+# dQ, dK, dW and the partial dg from the persistent warp-specialized Gluon kernel
+# (kernels/gluon_dqkwg.py) where it applies (materialized.gluon_tiles_apply), else
+# chunk_bwd_dqkwg.
+# GDN_GLUON_DQKWG=0 keeps the Triton kernel (A/B timing)
+GLUON_DQKWG = os.environ.get("GDN_GLUON_DQKWG", "1") != "0"
+
+
+def dqkwg(q, k, v_new, h, dh, g, G, do, dv2, scale, chunk_size, chunk_offsets, prec, idx):
+    """(dq, dk, dw, partial dg) per value head: the Gluon kernel where GLUON_DQKWG and it
+    applies, else chunk_bwd_dqkwg; the same math (tests/test_gluon_dqkwg.py)."""
+    if GLUON_DQKWG and gluon_tiles_apply(q, do, chunk_size, idx["cu_seqlens"]):
+        from gdn_fused.kernels.gluon_dqkwg import chunk_bwd_dqkwg_gluon
+        return chunk_bwd_dqkwg_gluon(q, k, v_new, h, dh, G, do, dv2, scale)
+    return chunk_bwd_dqkwg(q, k, v_new, h, dh, g, do, dv2, scale, chunk_size,
+                           chunk_offsets=chunk_offsets, dot_precision=prec, **idx)
 
 
 # The recompute of h and v_new on the forward's transposed Gluon chain (gluon_transposed.
@@ -47,22 +67,23 @@ RECOMPUTE_ON_TRANSPOSED_CHAIN = False
 
 
 def recompute_states(q, k, w, u, G, initial_state, chunk_size, N, cu_seqlens, chunk_offsets,
-                     num_chunks, prec):
-    """(h, v_new) of the forward, from chunk_state or, on Hopper where the forward uses the
-    transposed Gluon kernel (and RECOMPUTE_ON_TRANSPOSED_CHAIN), from chunk_state_t — the same
-    bits either way."""
+                     num_chunks, prec, checkpoints=None):
+    """(h, v_new) of the forward, from chunk_state (split at the forward's ``checkpoints``
+    when it stored them) or, on Hopper where the forward uses the transposed Gluon kernel (and
+    RECOMPUTE_ON_TRANSPOSED_CHAIN), from chunk_state_t — the same bits either way."""
     if RECOMPUTE_ON_TRANSPOSED_CHAIN and uses_state_output_kernel(q, u, chunk_size, cu_seqlens):
         from gdn_fused.kernels.gluon_transposed import chunk_state_t
         h, v_new, _ = chunk_state_t(k, w, u, G, initial_state, False)
         return h, v_new
     h, v_new, _ = chunk_state(k, w, u, G, initial_state, False, chunk_size, N,
                               cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets,
-                              num_chunks=num_chunks, dot_precision=prec)
+                              num_chunks=num_chunks, dot_precision=prec,
+                              checkpoints=checkpoints)
     return h, v_new
 
 
 def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens,
-                               chunk_size=64, cu_seqlens_cpu=None, Ai=None):
+                               chunk_size=64, cu_seqlens_cpu=None, Ai=None, checkpoints=None):
     """Gradients of (o, final_state) = chunk_gated_delta_rule(q, k, v, g, beta, ...).
 
     Args:
@@ -75,6 +96,9 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, initial_state, do, dht, 
         Ai: the forward's T ``[B, T, HV, C]`` from the blocked inverse in
         ``default_inverse_dtype(q.dtype)`` (what the materialized forward computes), or None to
         recompute it (the same bits).
+        checkpoints: the forward's fp32 states entering chunks SEGMENT_CHUNKS, 2·SEGMENT_CHUNKS,
+        … ``[n, N, HV, K, V]`` (kernels/chunk_state.py, new_checkpoints), or None: with them the
+        recompute of h and v_new runs each sequence's segments side by side.
     Returns:
         ``(dq, dk, dv, dg, dbeta, dh0)`` in the dtypes and shapes of q, k, v, g, beta and
         initial_state (dh0 None without an initial state). dq, dk are summed over the HV // H
@@ -94,7 +118,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, initial_state, do, dht, 
         Ai = chunk_inverse(k, G, beta, HV, chunk_size, default_inverse_dtype(q.dtype), **idx)
     w, u = recompute_w_u(k, v, G, beta, Ai, dot_precision=prec, **idx)
     h, v_new = recompute_states(q, k, w, u, G, initial_state, chunk_size, N, cu_seqlens,
-                                chunk_offsets, idx["num_chunks"], prec)
+                                chunk_offsets, idx["num_chunks"], prec, checkpoints)
     del u
     # the backward proper
     dv_local = chunk_bwd_dv_local(q, k, g, do, scale, chunk_size, dot_precision=prec, **idx)
@@ -103,8 +127,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, initial_state, do, dht, 
                                    chunk_offsets=chunk_offsets, num_chunks=idx["num_chunks"],
                                    dot_precision=prec)
     del dv_local
-    dq, dk, dw, dg_part = chunk_bwd_dqkwg(q, k, v_new, h, dh, g, do, dv2, scale, chunk_size,
-                                     chunk_offsets=chunk_offsets, dot_precision=prec, **idx)
+    dq, dk, dw, dg_part = dqkwg(q, k, v_new, h, dh, g, G, do, dv2, scale, chunk_size,
+                                chunk_offsets, prec, idx)
     del h, dh, v_new
     dv, dbeta, dg = wu_bwd(k, v, g, beta, Ai, dw, dv2, dk, dg_part, chunk_size,
                            dot_precision=prec, **idx)

@@ -3,6 +3,12 @@
     h_c   = state entering chunk c (stored for the output kernel)
     V'_c  = U_c − W_c h_c                                 ("v_new")
     h_c+1 = e^{G_C} h_c + (diag(e^{G_C − G}) K_c)ᵀ V'_c    (fp32, in registers)
+
+With ``checkpoints`` (the backward's recompute, kernels/chunk_bwd.py) each sequence runs as
+segments of ``segment_chunks`` chunks side by side, segment s > 0 starting from the fp32 state
+the forward's chain held entering its first chunk (forward_t stores it: kernels/
+gluon_transposed.py). A sequence at B·HV = 32 is otherwise 128 programs for 132 SMs, one
+sequential pass of all its chunks.
 """
 import torch
 import triton
@@ -11,20 +17,43 @@ import triton.language as tl
 from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.chunk_index import load_state_tile, sm_count, state_program
 
+# Chunks between the forward's state checkpoints, and so a segment of the backward's
+# recompute: at (1, 32768) 512 chunks become 8 segments, 512 programs of 64 value columns as
+# at (8, 4096)
+SEGMENT_CHUNKS = 64
+
 
 @triton.jit
-def chunk_state_kernel(k, w, u, G, h, v_new, h0, ht, cu_seqlens, chunk_offsets, T,
+def chunk_state_kernel(k, w, u, G, h, v_new, h0, ht, cu_seqlens, chunk_offsets, T, checkpoints,
                        H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                        BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                        USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
-                       IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr):
+                       IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
+                       SEG_CHUNKS: tl.constexpr = 0):
+    """Grid (V / BV, N·HV) or, with SEG_CHUNKS > 0, (V / BV, N·HV, segments): segment s runs
+    chunks [s·SEG_CHUNKS, (s + 1)·SEG_CHUNKS) from checkpoints[s − 1] ([segments − 1, N, HV,
+    K, V] fp32), segment 0 from h0."""
     i_v, i_n, i_hv, i_h, bos, seqlen, NT, boh, p_state = state_program(
         T, cu_seqlens, chunk_offsets, H, HV, K, V, BT, IS_VARLEN)
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
-    if USE_INITIAL_STATE:
+    c_lo = 0
+    c_hi = NT
+    i_s = 0
+    last_seg = 0  # the segment holding the sequence's end (0 for an empty sequence)
+    if SEG_CHUNKS > 0:
+        i_s = tl.program_id(2)
+        c_lo = i_s * SEG_CHUNKS
+        c_hi = tl.minimum(c_lo + SEG_CHUNKS, NT)
+        last_seg = tl.maximum(tl.cdiv(NT, SEG_CHUNKS) - 1, 0)
+        if i_s > 0:
+            slab = (i_s - 1).to(tl.int64) * tl.num_programs(1) * K * V
+            b_h = load_state_tile(checkpoints + slab, p_state, i_v, K, V, BK, BV)
+        elif USE_INITIAL_STATE:
+            b_h = load_state_tile(h0, p_state, i_v, K, V, BK, BV)
+    elif USE_INITIAL_STATE:  # (checkpoints is None here: a branch of its own to compile)
         b_h = load_state_tile(h0, p_state, i_v, K, V, BK, BV)
     o_i = tl.arange(0, BT)
-    for i_t in range(NT):
+    for i_t in range(c_lo, c_hi):
         p_h = tl.make_block_ptr(h + ((boh + i_t).to(tl.int64) * HV + i_hv) * K * V, (K, V), (V, 1),
                                 (0, i_v * BV), (BK, BV), (1, 0))
         tl.store(p_h, b_h.to(p_h.dtype.element_ty), boundary_check=(0, 1))
@@ -50,7 +79,7 @@ def chunk_state_kernel(k, w, u, G, h, v_new, h0, ht, cu_seqlens, chunk_offsets, 
         b_k = tl.load(p_k, boundary_check=(0, 1))
         b_h = b_h * tl.exp(b_G_last.to(tl.float32)) + \
             tl.dot(b_k, b_vn.to(b_k.dtype), input_precision=DOT_PREC)
-    if STORE_FINAL_STATE:
+    if STORE_FINAL_STATE and i_s == last_seg:
         p_ht = tl.make_block_ptr(ht + p_state, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
         tl.store(p_ht, b_h, boundary_check=(0, 1))
 
@@ -82,11 +111,38 @@ def state_stages(num_programs, device):
     return 2 if num_programs > sm_count(device) else 3
 
 
+def checkpoint_count(num_seq_heads: int, num_chunks: int, K: int, V: int,
+                     device: torch.device) -> int:
+    """States a forward stores a sequence of ``num_chunks`` chunks for the backward's
+    recompute (:data:`SEGMENT_CHUNKS` apart, the state entering chunk SEGMENT_CHUNKS, 2·…):
+    cdiv(num_chunks, SEGMENT_CHUNKS) − 1 when the unsplit pass, num_seq_heads · V / BV
+    programs (:func:`state_blocks`), leaves SMs idle; else 0 (it fills them already)."""
+    _, BV = state_blocks(K, V, num_seq_heads, device)
+    if num_seq_heads * triton.cdiv(V, BV) >= sm_count(device):
+        return 0
+    return max(triton.cdiv(num_chunks, SEGMENT_CHUNKS) - 1, 0)
+
+
+def new_checkpoints(B: int, T: int, HV: int, K: int, V: int, chunk_size: int,
+                    device: torch.device):
+    """The [n, B, HV, K, V] fp32 buffer a forward at this shape fills for the backward's
+    recompute (n = :func:`checkpoint_count`), or None where there are none."""
+    n = checkpoint_count(B * HV, triton.cdiv(T, chunk_size), K, V, device)
+    return torch.empty(n, B, HV, K, V, dtype=torch.float32, device=device) if n else None
+
+
 def chunk_state(k, w, u, G, initial_state, output_final_state, chunk_size, num_seqs,
                 cu_seqlens=None, chunk_offsets=None, num_chunks=None, dot_precision="ieee",
-                block_v=None, **launch):
+                block_v=None, checkpoints=None, segment_chunks=None, **launch):
     """Returns (h [NT_total, HV, K, V] in k's dtype, v_new like u, final_state fp32 or None).
 
+    checkpoints: ``[S − 1, N, HV, K, V]`` fp32, the states entering chunks segment_chunks,
+    2·segment_chunks, … of every sequence (default :data:`SEGMENT_CHUNKS`), or None: with them
+    the S segments of each sequence run side by side, each from its checkpoint (segment 0
+    from initial_state). Dense input needs exactly cdiv(chunks, segment_chunks) − 1 of them;
+    packed input as many as its longest sequence needs (not checked: the lengths are on the
+    device; a shorter sequence ignores its later ones). ValueError for another shape, dtype
+    or device, a count that does not fit, or a segment_chunks that is not a positive int.
     block_v: value columns per program, overriding :func:`state_blocks`; launch: num_warps,
     num_stages (launch sweeps)."""
     B, T, H, K = k.shape
@@ -95,13 +151,35 @@ def chunk_state(k, w, u, G, initial_state, output_final_state, chunk_size, num_s
     h = k.new_empty(NT, HV, K, V)
     v_new = torch.empty_like(u)
     ht = k.new_empty(num_seqs, HV, K, V, dtype=torch.float32) if output_final_state else None
-    BK, BV = state_blocks(K, V, num_seqs * HV, k.device)
+    segments = 1 if checkpoints is None else checkpoints.shape[0] + 1
+    if checkpoints is not None:
+        segment_chunks = SEGMENT_CHUNKS if segment_chunks is None else segment_chunks
+        if type(segment_chunks) is not int or segment_chunks < 1:
+            raise ValueError(f"chunk_state: segment_chunks must be a positive int, got "
+                             f"{segment_chunks!r}")
+        # dense: exactly the count the sequences need (fewer would leave chunks uncomputed);
+        # packed: at least one slab (the longest sequence's count is on the device)
+        need = (triton.cdiv(triton.cdiv(T, chunk_size), segment_chunks) - 1
+                if cu_seqlens is None else None)
+        if (checkpoints.dtype != torch.float32 or tuple(checkpoints.shape[1:]) !=
+                (num_seqs, HV, K, V) or not checkpoints.is_contiguous()
+                or checkpoints.device != k.device or checkpoints.shape[0] < 1
+                or need not in (None, checkpoints.shape[0])):
+            raise ValueError(f"chunk_state: checkpoints must be contiguous fp32 "
+                             f"[{need if need is not None else 'S - 1'}, {num_seqs}, {HV}, "
+                             f"{K}, {V}] on {k.device} (segments of {segment_chunks} "
+                             f"chunks), got {checkpoints.dtype} {tuple(checkpoints.shape)} on "
+                             f"{checkpoints.device}")
+    # the segments are programs too: BV as for that many sequences
+    BK, BV = state_blocks(K, V, num_seqs * HV * segments, k.device)
     BV = block_v or BV
-    grid = (triton.cdiv(V, BV), num_seqs * HV)
-    launch = {"num_stages": state_stages(grid[0] * grid[1], k.device), **launch}
+    grid = (triton.cdiv(V, BV), num_seqs * HV, segments)
+    launch = {"num_stages": state_stages(grid[0] * grid[1] * grid[2], k.device), **launch}
     direct.launch(chunk_state_kernel, grid, k, w, u, G, h, v_new, initial_state, ht, cu_seqlens,
-                  chunk_offsets, T, H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK, BV=BV,
-                  USE_INITIAL_STATE=initial_state is not None,
+                  chunk_offsets, T, checkpoints, H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK,
+                  BV=BV, USE_INITIAL_STATE=initial_state is not None,
                   STORE_FINAL_STATE=output_final_state,
-                  IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision, **launch)
+                  IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision,
+                  SEG_CHUNKS=0 if checkpoints is None else segment_chunks,
+                  **launch)
     return h, v_new, ht

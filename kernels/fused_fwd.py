@@ -46,6 +46,7 @@ from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.chunk_gate import gated_decay
 from gdn_fused.kernels.chunk_index import sm_count
+from gdn_fused.kernels.chunk_state import checkpoint_count, new_checkpoints
 from gdn_fused.kernels.kkt_solve import invert_diagonal_blocks
 from gdn_fused.validation import CHUNK_SIZES, triton_interpreted
 
@@ -421,12 +422,13 @@ def _fused_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
                     output_final_state: bool, cu_seqlens: Optional[torch.Tensor],
                     chunk_size: int, num_segments: int, precompute_inverse: bool,
                     block_v: int, num_warps: int, num_stages: int,
-                    cu_seqlens_cpu: Optional[torch.Tensor] = None, allow_route: bool = False
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    cu_seqlens_cpu: Optional[torch.Tensor] = None, allow_route: bool = False,
+                    for_backward: bool = False
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     if _takes_route(q, v, chunk_size, cu_seqlens, allow_route, num_segments, block_v,
                     num_warps, num_stages):
         return _warp_specialized_fwd(q, k, v, g, beta, scale, initial_state, output_final_state,
-                                     chunk_size)
+                                     chunk_size, for_backward)
     from gdn_fused.kernels import fused_split  # builds on this module's chunk helpers
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -460,7 +462,7 @@ def _fused_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
         USE_H0=initial_state is not None, STORE_HT=output_final_state,
         VARLEN=cu_seqlens is not None, LOAD_T=Ai is not None, STATE_PRECISION=precision,
         COMPOSE_PRECISION=compose_precision, **options)
-    return o, ht, o.new_empty(0)
+    return o, ht, o.new_empty(0), o.new_empty(0, dtype=torch.float32)
 
 
 def _takes_route(q, v, chunk_size, cu_seqlens, allow_route, num_segments, block_v, num_warps,
@@ -481,19 +483,26 @@ def uses_warp_specialized(q, v, chunk_size, cu_seqlens) -> bool:
 
 
 def _warp_specialized_fwd(q, k, v, g, beta, scale, initial_state, output_final_state,
-                          chunk_size):
+                          chunk_size, for_backward=False):
     """The fused forward on Hopper (WARP_SPECIALIZED): G, then T (bf16, the Gluon
     kkt_solve_from_k, the bits the backward would recompute), then forward_t. Returns
-    (o, final state or an empty tensor, T)."""
+    (o, final state or an empty tensor, T, checkpoints or an empty tensor): with
+    ``for_backward``, the states the backward's recompute starts its segments from
+    (chunk_state.new_checkpoints; none where B·HV fills the GPU)."""
     from gdn_fused.kernels.gluon_transposed import forward_t
     from gdn_fused.kernels.kkt_solve import default_inverse_dtype
     from gdn_fused.kernels.materialized import gates_and_inverse
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
     G, Ai, rows = gates_and_inverse(k, g, beta, v.shape[2], chunk_size,
                                     default_inverse_dtype(q.dtype), {}, gate_rows=[beta])  # dense
+    B, T, HV, V = v.shape
+    checkpoints = new_checkpoints(B, T, HV, q.shape[3], V, chunk_size, q.device) \
+        if for_backward else None
     o, ht = forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state,
-                      gate_rows=rows)
-    return o, (ht if ht is not None else o.new_empty(0, dtype=torch.float32)), Ai
+                      gate_rows=rows, checkpoints=checkpoints)
+    empty = o.new_empty(0, dtype=torch.float32)
+    return (o, ht if ht is not None else empty, Ai,
+            checkpoints if checkpoints is not None else empty)
 
 
 def precomputed_inverse(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, HV: int,
@@ -521,7 +530,7 @@ _fused_fwd_op = torch.library.custom_op("gdn_fused::fused_fwd", _fused_fwd_impl,
 def _eager(q: torch.Tensor) -> bool:
     """Whether fused_fwd may call the op's implementation directly: plain eager execution of a
     plain tensor on a real device that needs no gradient. The custom op's own dispatch (boxing
-    its 17 arguments, the autograd and aliasing wrappers) cost 0.025–0.045 ms of host time a
+    its 18 arguments, the autograd and aliasing wrappers) cost 0.025–0.045 ms of host time a
     call on the H200's host (eval.host_time --breakdown at (1, 2048), session 11: 0.283
     against 0.238 ms, 0.316 against 0.286; with these checks 0.262 against 0.288), a tenth of
     a short prompt's call. Everything else meets the registered op and its fake
@@ -542,7 +551,7 @@ def _eager(q: torch.Tensor) -> bool:
 @_fused_fwd_op.register_fake
 def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_size,
       num_segments, precompute_inverse, block_v, num_warps, num_stages, cu_seqlens_cpu=None,
-      allow_route=False):
+      allow_route=False, for_backward=False):
     route = _takes_route(q, v, chunk_size, cu_seqlens, allow_route, num_segments, block_v,
                          num_warps, num_stages)
     B, T, _, K = q.shape
@@ -551,7 +560,9 @@ def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, ch
     o = q.new_empty(B, T, HV, V)
     ht = q.new_empty((N, HV, K, V) if output_final_state else (0,), dtype=torch.float32)
     Ai = q.new_empty((B, T, HV, chunk_size) if route else (0,))
-    return o, ht, Ai
+    n = checkpoint_count(B * HV, triton.cdiv(T, chunk_size), K, V, q.device) \
+        if route and for_backward else 0
+    return o, ht, Ai, q.new_empty((n, B, HV, K, V) if n else (0,), dtype=torch.float32)
 
 
 def fused_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
@@ -560,7 +571,7 @@ def fused_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
               chunk_size: int = 64, num_segments: Optional[int] = None,
               precompute_inverse: Optional[bool] = None, block_v: Optional[int] = None,
               num_warps: Optional[int] = None, num_stages: Optional[int] = None,
-              cu_seqlens_cpu: Optional[torch.Tensor] = None, return_inverse: bool = False):
+              cu_seqlens_cpu: Optional[torch.Tensor] = None, for_backward: bool = False):
     """Chunkwise Gated DeltaNet forward, the whole chunk recurrence in one fused launch
     (design card §Chunkwise form), after the chunk-parallel inverse (``precompute_inverse``):
     on Hopper for the inputs :func:`uses_warp_specialized` accepts, the warp-specialized
@@ -597,12 +608,15 @@ def fused_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
             [16, V] raises ValueError.
         cu_seqlens_cpu: cu_seqlens on the host if the caller has it (validation's copy), so
             the precomputed inverse's chunk indices need no device read.
-        return_inverse: also return the warp-specialized route's T ([B, T, HV, 64] bf16, the
-            blocked inverse the backward would recompute), or None where the plain kernel ran.
+        for_backward: also return what the backward reads instead of recomputing: the
+            warp-specialized route's T ([B, T, HV, 64] bf16, the blocked inverse the backward
+            would recompute) and its state checkpoints ([n, B, HV, K, V] fp32, the states
+            entering every chunk_state.SEGMENT_CHUNKS-th chunk where B·HV leaves SMs idle;
+            chunk_state.checkpoint_count), each None where not made (the plain kernel ran).
 
     Returns:
         ``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] fp32 or None)``, and T
-        with ``return_inverse``.
+        and the checkpoints with ``for_backward``.
 
     Registered as the custom op ``torch.ops.gdn_fused.fused_fwd`` (with a fake implementation)
     so torch.compile sees one opaque op; no autotuning, and no host synchronisation except
@@ -618,10 +632,13 @@ def fused_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     overrides = (num_segments, precompute_inverse, block_v, num_warps, num_stages)
     allow_route = all(x is None for x in overrides)
     op = _fused_fwd_impl if _eager(q) else _fused_fwd_op
-    o, ht, Ai = op(q, k, v, g, beta, float(scale), initial_state, bool(output_final_state),
-                   cu_seqlens, int(chunk_size), int(num_segments or 0),
-                   PRECOMPUTE_INVERSE if precompute_inverse is None else bool(precompute_inverse),
-                   int(block_v or 0), int(num_warps or 0), int(num_stages or 0), cu_seqlens_cpu,
-                   allow_route)
+    o, ht, Ai, checkpoints = op(
+        q, k, v, g, beta, float(scale), initial_state, bool(output_final_state), cu_seqlens,
+        int(chunk_size), int(num_segments or 0),
+        PRECOMPUTE_INVERSE if precompute_inverse is None else bool(precompute_inverse),
+        int(block_v or 0), int(num_warps or 0), int(num_stages or 0), cu_seqlens_cpu,
+        allow_route, bool(for_backward))
     ht = ht if output_final_state else None
-    return (o, ht, Ai if Ai.numel() else None) if return_inverse else (o, ht)
+    if not for_backward:
+        return o, ht
+    return (o, ht, Ai if Ai.numel() else None, checkpoints if checkpoints.numel() else None)

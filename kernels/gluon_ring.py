@@ -16,7 +16,7 @@ LOAD_REGS = gl.constexpr(24)  # the minimum setmaxnreg budget; the producer hold
 
 
 @gluon.constexpr_function
-def _tile_bytes(descs):
+def tile_bytes(descs):
     """The bytes one chunk's tiles bring: the transaction count its ready barrier waits for."""
     return sum(d.block_type.nbytes for d in descs)
 
@@ -32,9 +32,9 @@ def load_ring(descs, bufs, cols, bars, row0, NT, gate_desc=None, gate_bufs=None,
     BT: gl.constexpr = descs[0].block_type.shape[0]
     STAGES: gl.constexpr = bufs[0].type.shape[0]
     if gate_desc is None:
-        nbytes: gl.constexpr = _tile_bytes(descs)
+        nbytes: gl.constexpr = tile_bytes(descs)
     else:
-        nbytes: gl.constexpr = _tile_bytes(descs) + gate_desc.block_type.nbytes
+        nbytes: gl.constexpr = tile_bytes(descs) + gate_desc.block_type.nbytes
     for i_t in range(NT):
         s = i_t % STAGES
         phase = (i_t // STAGES) & 1

@@ -102,6 +102,7 @@ from gdn_fused.kernels.gluon_ring import (LOAD_REGS, LOAD_WARPS, accumulator_lay
                                           descriptor_layout, load_ring, ring_barriers,
                                           ring_buffers, ring_program)
 from gdn_fused.kernels.chunk_index import sm_count
+from gdn_fused.kernels.chunk_state import SEGMENT_CHUNKS
 from gdn_fused.kernels.gluon_wu import _sum
 
 CHUNK = 64
@@ -393,9 +394,11 @@ def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_b
                      HV: gl.constexpr, K: gl.constexpr, SW: gl.constexpr,
                      USE_INITIAL_STATE: gl.constexpr, STORE_FINAL_STATE: gl.constexpr,
                      HANDOFF: gl.constexpr, MAP: gl.constexpr, NS: gl.constexpr,
-                     WU: gl.constexpr):
+                     WU: gl.constexpr, checkpoints, CKPT_EVERY: gl.constexpr):
     """The state recurrence (w_bufs / u_bufs: the ring's W and U tiles, or with WU the W/U
-    warpgroup's, ready on wu_ready); HANDOFF: hand h_c and V' to the second warpgroup."""
+    warpgroup's, ready on wu_ready); HANDOFF: hand h_c and V' to the second warpgroup;
+    CKPT_EVERY > 0: store the fp32 state entering chunks CKPT_EVERY, 2·CKPT_EVERY, … to
+    checkpoints ([cdiv(NT, CKPT_EVERY) − 1, B, HV, K, V]) for the backward's recompute."""
     BT: gl.constexpr = k_bufs.type.shape[1]
     BVr: gl.constexpr = u_bufs.type.shape[2]
     STAGES: gl.constexpr = k_bufs.type.shape[0]
@@ -460,6 +463,13 @@ def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_b
         if HANDOFF:
             mbarrier.arrive(sv_ready.index(s), count=1)
         mbarrier.arrive(empty.index(s), count=1)
+        if CKPT_EVERY > 0:
+            # after the stage's release, so the ring refills while the stores drain; once
+            # every CKPT_EVERY chunks (the state entering chunk i_t + 1)
+            if ((i_t + 1) % CKPT_EVERY == 0) & (i_t + 1 < gl.cdiv(T, BT)):
+                slab = ((i_t + 1) // CKPT_EVERY - 1).to(gl.int64) * gl.num_programs(1) * K * SW
+                gl.store(_state_tile_t(checkpoints + slab, i_n, i_hv, i_v, HV, K, SW, BVr,
+                                       acc_k), S)
     # the map of every segment it covers, or the final state from the last segment
     if MAP:
         gl.store(_state_tile_t(ht + seg, i_n, i_hv, i_v, HV, K, SW, BVr, acc_k), S)
@@ -478,7 +488,8 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
                                 Q_REGS: gl.constexpr = True,
                                 OUT_REGS_TWO: gl.constexpr = OUT_REGS,
                                 P_ON_WU: gl.constexpr = False,
-                                O_BUFFERS: gl.constexpr = O_STAGING):
+                                O_BUFFERS: gl.constexpr = O_STAGING,
+                                checkpoints=None, CKPT_EVERY: gl.constexpr = 0):
     """Grid (SW / BV, B·HV, segments). MAP: the state pass alone over the K + V columns of
     [M | b] from [I | 0] (SW = K + V) for segments 0 … NS − 2, each stored to ht's segment
     slab; else the pass with the output over segment i_seg (SW = V), starting from h0's
@@ -489,7 +500,9 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
     OUT_GROUPS = 2 (with OUTPUT or STORE_H, without WU): two output (or store) warpgroups take
     alternate chunks. P_ON_WU (with WU and OUTPUT): the W/U warpgroup forms each chunk's
     masked scores P for the output warpgroup (8 KB a stage more shared memory). O_BUFFERS:
-    TMA staging tiles of O an output warpgroup (8 KB each)."""
+    TMA staging tiles of O an output warpgroup (8 KB each). CKPT_EVERY > 0 (not with MAP):
+    the chain stores the states entering every CKPT_EVERY-th chunk to checkpoints."""
+    gl.static_assert(CKPT_EVERY == 0 or not MAP, "the maps' launch stores no checkpoints")
     gl.static_assert(OUT_GROUPS == 1 or ((OUTPUT or STORE_H) and not WU),
                      "two output groups need the output or STORE_H")
     gl.static_assert(not (STORE_H and (OUTPUT or MAP)), "STORE_H replaces the output")
@@ -582,7 +595,7 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
             (_chain_partition, (k_bufs, wp_bufs, up_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                 sv_ready, sv_empty, wu_ready, h0, ht, T, c0, n, i_n, i_hv,
                                 i_v, i_seg, HV, K, SW, USE_INITIAL_STATE, STORE_FINAL_STATE,
-                                HANDOFF, MAP, NS, WU)),
+                                HANDOFF, MAP, NS, WU, checkpoints, CKPT_EVERY)),
             (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                  sv_ready, sv_empty, o_smem, o_desc, o, scale, T, c0,
                                  n if HANDOFF else 0, i_n, i_hv, i_v, HV, V, STORE_H, h, 0, 1,
@@ -601,7 +614,7 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
             (_chain_partition, (k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                 sv_ready, sv_empty, sv_ready, h0, ht, T, c0, n, i_n, i_hv,
                                 i_v, i_seg, HV, K, SW, USE_INITIAL_STATE, STORE_FINAL_STATE,
-                                HANDOFF, MAP, NS, WU)),
+                                HANDOFF, MAP, NS, WU, checkpoints, CKPT_EVERY)),
             (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                  sv_ready, sv_empty, o_smem, o_desc, o, scale, T, c0,
                                  n, i_n, i_hv, i_v, HV, V, STORE_H, h, 0, 2, Q_REGS, None,
@@ -619,7 +632,7 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
             (_chain_partition, (k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                 sv_ready, sv_empty, sv_ready, h0, ht, T, c0, n, i_n, i_hv,
                                 i_v, i_seg, HV, K, SW, USE_INITIAL_STATE, STORE_FINAL_STATE,
-                                HANDOFF, MAP, NS, WU)),
+                                HANDOFF, MAP, NS, WU, checkpoints, CKPT_EVERY)),
             (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                  sv_ready, sv_empty, o_smem, o_desc, o, scale, T, c0,
                                  n if HANDOFF else 0, i_n, i_hv, i_v, HV, V, STORE_H, h, 0, 1,
@@ -746,10 +759,12 @@ def _gate_rows(rows, B, T, HV):
 
 
 def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_final_state,
-            output, num_stages, segments, wu, h=None, output_groups=1, variant=None):
+            output, num_stages, segments, wu, h=None, output_groups=1, variant=None,
+            checkpoints=None):
     """Descriptors, then (when split) the map launch and the composition, then the main
     launch; w_tiles / u_tiles: W and U, or with ``wu`` T and v; with ``h`` (STORE_H) the
-    main launch stores h_c into it and V' into the returned "o"."""
+    main launch stores h_c into it and V' into the returned "o"; with ``checkpoints`` the
+    chain stores the states entering every SEGMENT_CHUNKS-th chunk there."""
     B, T, H, K = q.shape
     HV, V = u_tiles.shape[2], u_tiles.shape[3]
     q, k, w_tiles, u_tiles = (x.contiguous() for x in (q, k, w_tiles, u_tiles))
@@ -781,13 +796,30 @@ def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_fina
                   *descs, o, h0, ht, float(scale), T, USE_INITIAL_STATE=h0 is not None,
                   STORE_FINAL_STATE=output_final_state, OUTPUT=output, MAP=False,
                   STORE_H=h is not None, h=h, OUT_GROUPS=output_groups, **(variant or {}),
+                  checkpoints=checkpoints,
+                  CKPT_EVERY=SEGMENT_CHUNKS if checkpoints is not None else 0,
                          maxnreg=MAXNREG_TWO_OUTPUTS if output_groups == 2 else cap, **consts)
     return (o if output or h is not None else None), ht
 
 
+def _check_checkpoints(name, checkpoints, B, T, HV):
+    """ValueError unless ``checkpoints`` is None or the contiguous fp32 [cdiv(NT,
+    SEGMENT_CHUNKS) − 1, B, HV, 128, 128] tensor the chain fills; returns it, or None for an
+    empty one (a sequence of SEGMENT_CHUNKS chunks or fewer has no checkpoint)."""
+    shape = (triton.cdiv(triton.cdiv(T, CHUNK), SEGMENT_CHUNKS) - 1, B, HV, HEAD_DIM, HEAD_DIM)
+    if checkpoints is None:
+        return None
+    if tuple(checkpoints.shape) != shape or not (checkpoints.dtype == torch.float32
+                                                 and checkpoints.is_contiguous()):
+        raise ValueError(f"{name}: checkpoints must be contiguous fp32 {shape}, got "
+                         f"{checkpoints.dtype} {tuple(checkpoints.shape)}")
+    return checkpoints if checkpoints.numel() else None
+
+
 def chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state,
                          output=True, num_stages=NUM_STAGES, segments=None,
-                         output_groups=OUTPUT_GROUPS, variant=None, gate_rows=None):
+                         output_groups=OUTPUT_GROUPS, variant=None, gate_rows=None,
+                         checkpoints=None):
     """chunk_state + chunk_output of the materialized forward without h or v_new in HBM.
 
     q, k [B, T, H, 128] bf16; w, u [B, T, HV, 128] bf16 (recompute_w_u); G [B, T, HV]
@@ -801,7 +833,10 @@ def chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state
     (alternate chunks; 2 needs num_stages even; ignored with output=False); variant: a dict
     of the main launch's constexprs among VARIANT_KEYS (launch variants for eval.bench);
     gate_rows: G's rows as chunk_cumsum(..., gate_rows=[]) writes them, or None to lay them out
-    here (:func:`_gate_rows`). Returns
+    here (:func:`_gate_rows`); checkpoints: None, or a contiguous fp32 [cdiv(NT,
+    SEGMENT_CHUNKS) − 1, B, HV, 128, 128] tensor the chain fills with the states entering
+    chunks SEGMENT_CHUNKS, 2·SEGMENT_CHUNKS, … (kernels/chunk_state.py: the backward's
+    recompute starts its segments there). Returns
     (o [B, T, HV, 128] bf16 or None, final state [B, HV, 128, 128] fp32 or None). Raises
     ValueError for tensors not on an NVIDIA sm_90 GPU, T = 0, head dims other than 128,
     non-bf16 q/k/w/u, shapes that do not match, HV not a multiple of H, output_groups other
@@ -817,13 +852,14 @@ def chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state
     _check_groups("chunk_state_output_t", "output_groups", groups, num_stages)
     _check_variant("chunk_state_output_t", variant)
     gate_rows = _rows_given_or_laid_out("chunk_state_output_t", gate_rows, [G], B, T, HV)
+    checkpoints = _check_checkpoints("chunk_state_output_t", checkpoints, B, T, HV)
     return _launch(q, k, w, u, gate_rows, scale, initial_state,
                    output_final_state, output, num_stages, segments, False,
-                   output_groups=groups, variant=variant)
+                   output_groups=groups, variant=variant, checkpoints=checkpoints)
 
 
 def forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state, segments=None,
-              gate_rows=None, variant=None):
+              gate_rows=None, variant=None, checkpoints=None):
     """The forward after the inverse in one kernel, W and U formed on chip by a fourth
     warpgroup (``WU``) instead of read from recompute_w_u: the fused backend's forward on
     Hopper (kernels/fused_fwd.py; timings and precision in the module docstring).
@@ -831,10 +867,11 @@ def forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state, se
     q, k [B, T, H, 128] bf16; v [B, T, HV, 128] bf16; G [B, T, HV] (natural-log decay
     cumulated within each chunk of 64); beta [B, T, HV]; Ai [B, T, HV, 64] bf16, T = (I + A)⁻¹
     of each chunk as kkt_solve_from_k returns it; gate_rows: the (G, β) rows as
-    chunk_cumsum(..., gate_rows=[beta]) writes them, or None to lay them out here; the rest
+    chunk_cumsum(..., gate_rows=[beta]) writes them, or None to lay them out here;
+    checkpoints: as :func:`chunk_state_output_t`'s; the rest
     (variant too: launch variants such as P_ON_WU) as :func:`chunk_state_output_t`.
     Returns (o [B, T, HV, 128] bf16, final state fp32 or None); raises ValueError as
-    chunk_state_output_t does (naming v and Ai)."""
+    chunk_state_output_t does (naming v and Ai), and for checkpoints of another shape."""
     check_state_inputs("forward_t", q, k, v, G, initial_state, segments,
                        (("v", v, HEAD_DIM), ("Ai", Ai, CHUNK)))
     if beta.shape != G.shape:
@@ -842,8 +879,10 @@ def forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state, se
     _check_variant("forward_t", variant)
     B, T, HV = G.shape
     gate_rows = _rows_given_or_laid_out("forward_t", gate_rows, [G, beta], B, T, HV)
+    checkpoints = _check_checkpoints("forward_t", checkpoints, B, T, HV)
     return _launch(q, k, Ai, v, gate_rows, scale, initial_state,
-                   output_final_state, True, NUM_STAGES, segments, True, variant=variant)
+                   output_final_state, True, NUM_STAGES, segments, True, variant=variant,
+                   checkpoints=checkpoints)
 
 
 def chunk_state_t(k, w, u, G, initial_state, output_final_state, segments=1, store_groups=2):

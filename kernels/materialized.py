@@ -19,7 +19,7 @@ import torch
 from gdn_fused.kernels.chunk_gate import chunk_cumsum
 from gdn_fused.kernels.chunk_index import chunk_layout
 from gdn_fused.kernels.chunk_output import chunk_output
-from gdn_fused.kernels.chunk_state import chunk_state
+from gdn_fused.kernels.chunk_state import chunk_state, new_checkpoints
 from gdn_fused.kernels.kkt import dot_precision
 from gdn_fused.kernels.kkt_solve import chunk_inverse, default_inverse_dtype
 from gdn_fused.kernels.wu import recompute_w_u
@@ -43,30 +43,37 @@ def contiguous(*xs):
 MIN_TOKENS_STATE_OUTPUT_KERNEL = 2048
 
 
-def uses_state_output_kernel(q, v, chunk_size, cu_seqlens):
-    """Whether the forward runs chunk_state + chunk_output as the one Gluon kernel of
-    kernels/gluon_transposed.py: an NVIDIA Hopper GPU (sm_90; not ROCm, whose devices are
-    "cuda" with capabilities 9.x too), bf16, K = V = 128, chunk 64, dense batches of at least
-    MIN_TOKENS_STATE_OUTPUT_KERNEL tokens where no chunk straddles two sequences (B = 1 or T a
-    multiple of 64: the kernel's TMA tiles run over the flattened token axis, so a partial
-    last chunk reads the next sequence's rows and only multiplies them by zero, which a
-    non-finite value there would turn into NaN), compiled mode, and GDN_STATE_OUTPUT_KERNEL
-    not set to 0 (A/B timing)."""
-    if (not q.is_cuda or torch.version.hip is not None or triton_interpreted()
-            or os.environ.get("GDN_STATE_OUTPUT_KERNEL") == "0"):
+def gluon_tiles_apply(q, v, chunk_size, cu_seqlens):
+    """Whether the Gluon kernels that tile the [B·T] token axis by TMA run on these inputs: an
+    NVIDIA Hopper GPU (sm_90; not ROCm, whose devices are "cuda" with capabilities 9.x too),
+    bf16, K = V = 128, chunk 64, a dense batch where no chunk straddles two sequences (B = 1 or
+    T a multiple of 64: the tiles run over the flattened token axis, so a partial last chunk
+    reads the next sequence's rows and only multiplies them by zero, which a non-finite value
+    there would turn into NaN), compiled mode, and a Triton with Gluon. No device sync."""
+    if not q.is_cuda or torch.version.hip is not None or triton_interpreted():
         return False
     if torch.cuda.get_device_capability(q.device) != (9, 0):
         return False
     B, T = q.shape[0], q.shape[1]
     if (q.dtype != torch.bfloat16 or v.dtype != torch.bfloat16 or q.shape[3] != 128
             or v.shape[3] != 128 or chunk_size != 64 or cu_seqlens is not None
-            or B * T < MIN_TOKENS_STATE_OUTPUT_KERNEL or (B > 1 and T % chunk_size)):
+            or (B > 1 and T % chunk_size)):
         return False
     try:
         from gdn_fused.kernels import gluon_transposed  # noqa: F401  (a Triton with Gluon)
     except ImportError:
         return False
     return True
+
+
+def uses_state_output_kernel(q, v, chunk_size, cu_seqlens):
+    """Whether the forward runs chunk_state + chunk_output as the one Gluon kernel of
+    kernels/gluon_transposed.py: where :func:`gluon_tiles_apply`, for at least
+    MIN_TOKENS_STATE_OUTPUT_KERNEL tokens, and GDN_STATE_OUTPUT_KERNEL not set to 0 (A/B
+    timing)."""
+    return (os.environ.get("GDN_STATE_OUTPUT_KERNEL") != "0"
+            and q.shape[0] * q.shape[1] >= MIN_TOKENS_STATE_OUTPUT_KERNEL
+            and gluon_tiles_apply(q, v, chunk_size, cu_seqlens))
 
 
 def gates_and_inverse(k, g, beta, HV, chunk_size, dtype, idx, gate_rows=None,
@@ -84,10 +91,12 @@ def gates_and_inverse(k, g, beta, HV, chunk_size, dtype, idx, gate_rows=None,
 
 def materialized_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
                      chunk_size=64, inverse_dtype=None, solve_method="blocked",
-                     solve_iters=None, cu_seqlens_cpu=None, return_inverse=False):
-    """Validated inputs (see gdn_fused.ops) -> (o, final_state), or with ``return_inverse``
-    (o, final_state, T): T = (I + A)⁻¹ of every chunk, [B, T, HV, C] in ``inverse_dtype``, which
-    the backward reads instead of recomputing it (gdn_fused.autograd).
+                     solve_iters=None, cu_seqlens_cpu=None, for_backward=False):
+    """Validated inputs (see gdn_fused.ops) -> (o, final_state), or with ``for_backward``
+    (o, final_state, T, checkpoints), what the backward reads instead of recomputing
+    (gdn_fused.autograd): T = (I + A)⁻¹ of every chunk, [B, T, HV, C] in ``inverse_dtype``, and
+    on the Gluon route the states entering every chunk_state.SEGMENT_CHUNKS-th chunk, [n, B,
+    HV, K, V] fp32 where B·HV leaves SMs idle (chunk_state.new_checkpoints), else None.
 
     inverse_dtype: storage dtype of T (default: fp32 for fp32 data, else the input dtype).
     solve_method, solve_iters: the kkt_solve method (kernels/kkt_solve.py). cu_seqlens_cpu:
@@ -106,12 +115,15 @@ def materialized_fwd(q, k, v, g, beta, scale, initial_state, output_final_state,
     w, u = recompute_w_u(k, v, G, beta, Ai, dot_precision=prec, **idx)
     if state_output:
         from gdn_fused.kernels.gluon_transposed import chunk_state_output_t
+        B, T, HV, V = v.shape
+        checkpoints = new_checkpoints(B, T, HV, k.shape[3], V, chunk_size, q.device) \
+            if for_backward else None
         o, ht = chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state,
-                                     gate_rows=rows)
-        return (o, ht, Ai) if return_inverse else (o, ht)
+                                     gate_rows=rows, checkpoints=checkpoints)
+        return (o, ht, Ai, checkpoints) if for_backward else (o, ht)
     h, v_new, ht = chunk_state(k, w, u, G, initial_state, output_final_state, chunk_size, N,
                                cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets,
                                num_chunks=idx["num_chunks"], dot_precision=prec)
     o = chunk_output(q, k, v_new, h, G, scale, chunk_size, chunk_offsets=chunk_offsets,
                      dot_precision=prec, **idx)
-    return (o, ht, Ai) if return_inverse else (o, ht)
+    return (o, ht, Ai, None) if for_backward else (o, ht)

@@ -285,8 +285,11 @@ GPU_CASES = [
     ("g-zero", 1, 200, 1, 2, 128, 128, "zero", True, None, 64),
     ("varlen-empty", 1, 400, 2, 2, 128, 128, "normal", True, [0, 130, 130, 317, 380], 64),
     # long enough for the Hopper routes (the Gluon state + output kernel; the fused backend's
-    # forward_t, whose T the backward then reads)
+    # forward_t, whose T and state checkpoint the backward then reads)
     ("dense-8192", 1, 8192, 2, 4, 128, 128, "normal", True, None, 64),
+    # the same with g = 0, where the state carries everything: B·HV = 4 and 128 chunks, so the
+    # forward stores the state entering chunk 64 and the backward's recompute starts there
+    ("g-zero-8192", 1, 8192, 2, 4, 128, 128, "zero", True, None, 64),
 ]
 
 

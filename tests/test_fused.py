@@ -165,8 +165,8 @@ def test_num_segments_heuristic():
 
 def test_custom_op_fake_and_compile(monkeypatch):
     """torch.compile sees one opaque op with a fake implementation: shapes/dtypes through
-    FakeTensorMode (the Hopper route's T too, its decision stubbed), and a full graph compiled
-    (aot_eager) matches eager."""
+    FakeTensorMode (the Hopper route's T and state checkpoints too, its decision stubbed), and
+    a full graph compiled (aot_eager) matches eager."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from gdn_fused.kernels import fused_fwd as module
@@ -174,18 +174,28 @@ def test_custom_op_fake_and_compile(monkeypatch):
     q, k, v, g, b, h = make_inputs(1, 20, 1, 2, 64, 64, torch.float16, initial_state=True)
     with FakeTensorMode() as mode:
         fq, fk, fv, fg, fb, fh = (mode.from_tensor(x) for x in (q, k, v, g, b, h))
-        o, ht, Ai = torch.ops.gdn_fused.fused_fwd(fq, fk, fv, fg, fb, 0.125, fh, True, None,
-                                                   64, 0, True, 0, 0, 0, None)
+        o, ht, Ai, ckpt = torch.ops.gdn_fused.fused_fwd(
+            fq, fk, fv, fg, fb, 0.125, fh, True, None, 64, 0, True, 0, 0, 0, None, False, True)
         assert o.shape == v.shape and o.dtype == q.dtype
         assert ht.shape == h.shape and ht.dtype == torch.float32
-        assert Ai.shape == (0,)  # T only from the Hopper route
+        assert Ai.shape == (0,) and ckpt.shape == (0,)  # T and checkpoints: the route's only
         monkeypatch.setattr(module, "uses_warp_specialized", lambda *args: True)
-        o, ht, Ai = torch.ops.gdn_fused.fused_fwd(fq, fk, fv, fg, fb, 0.125, fh, False, None,
-                                                   64, 0, True, 0, 0, 0, None, True)
+        o, ht, Ai, ckpt = torch.ops.gdn_fused.fused_fwd(fq, fk, fv, fg, fb, 0.125, fh, False,
+                                                         None, 64, 0, True, 0, 0, 0, None, True)
         assert ht.shape == (0,) and Ai.shape == (*v.shape[:3], 64) and Ai.dtype == q.dtype
-        o, ht, Ai = torch.ops.gdn_fused.fused_fwd(fq, fk, fv, fg, fb, 0.125, fh, False, None,
-                                                   64, 2, True, 0, 0, 0, None, True)
-        assert Ai.shape == (0,)  # a launch override: the plain kernel
+        assert ckpt.shape == (0,)  # inference
+        o, ht, Ai, ckpt = torch.ops.gdn_fused.fused_fwd(fq, fk, fv, fg, fb, 0.125, fh, False,
+                                                         None, 64, 2, True, 0, 0, 0, None, True,
+                                                         True)
+        assert Ai.shape == (0,) and ckpt.shape == (0,)  # a launch override: the plain kernel
+        # training, 65 chunks at B·HV = 2: the state entering chunk 64 (and none for 64 chunks)
+        for T, n in ((64 * 64 + 1, 1), (64 * 64, 0)):
+            # (created inside the mode: fake, no memory)
+            fq, fk, fv, fg, fb = (torch.empty(x.shape[0], T, *x.shape[2:], dtype=x.dtype)
+                                  for x in (q, k, v, g, b))
+            *_, ckpt = torch.ops.gdn_fused.fused_fwd(fq, fk, fv, fg, fb, 0.125, fh, False, None,
+                                                     64, 0, True, 0, 0, 0, None, True, True)
+            assert ckpt.shape == ((n, 1, 2, 64, 64) if n else (0,)) and ckpt.dtype == torch.float32
     monkeypatch.undo()
 
     def f(q, k, v, g, b, h):
@@ -262,37 +272,48 @@ def test_routes_hand_their_kernels_the_laid_out_gate_rows(monkeypatch):
 def test_warp_specialized_route_composition(monkeypatch):
     """The Hopper route's plumbing on the CPU, its Gluon kernels stubbed by the materialized
     forward: taken only without launch overrides; through the custom op and the autograd
-    Function, its T is saved and the backward reads it instead of recomputing it."""
+    Function, its T and state checkpoints are saved and the backward reads them instead of
+    recomputing T and the unsplit state pass."""
     from gdn_fused import chunk_gated_delta_rule
     from gdn_fused.kernels import chunk_bwd
     from gdn_fused.kernels import fused_fwd as module
     from gdn_fused.kernels.materialized import materialized_fwd
     q, k, v, g, b, h = make_inputs(1, 70, 1, 2, 64, 64, initial_state=True)
     seen = []
+    # one checkpoint a chunk here, so the 2 chunks take 1: a marker in its place, which the
+    # backward's recompute must receive (the plumbing; tests/test_checkpoints.py checks what
+    # the backward computes from true checkpoints)
+    from gdn_fused.kernels import chunk_state
+    monkeypatch.setattr(chunk_state, "SEGMENT_CHUNKS", 1)
+    marker = torch.full((1, 1, 2, 64, 64), 0.5)
 
-    def stub(q, k, v, g, beta, scale, h0, final, chunk_size):
+    def stub(q, k, v, g, beta, scale, h0, final, chunk_size, for_backward):
         seen.append(chunk_size)
-        o, ht, Ai = materialized_fwd(q, k, v, g, beta, scale, h0, final, None, chunk_size,
-                                     return_inverse=True)
-        return o, ht if final else o.new_empty(0, dtype=torch.float32), Ai
+        o, ht, Ai, _ = materialized_fwd(q, k, v, g, beta, scale, h0, final, None, chunk_size,
+                                        for_backward=True)
+        empty = o.new_empty(0, dtype=torch.float32)
+        return o, ht if final else empty, Ai, marker if for_backward else empty
     monkeypatch.setattr(module, "uses_warp_specialized", lambda *args: True)
     monkeypatch.setattr(module, "_warp_specialized_fwd", stub)
-    o, ht, Ai = fused_fwd(q, k, v, g, b, 0.125, h, True, None, 64, return_inverse=True)
-    assert seen == [64] and Ai.shape == (1, 70, 2, 64)
+    o, ht = fused_fwd(q, k, v, g, b, 0.125, h, True, None, 64)
+    o, ht, Ai, ckpt = fused_fwd(q, k, v, g, b, 0.125, h, True, None, 64, for_backward=True)
+    assert seen == [64, 64] and Ai.shape == (1, 70, 2, 64) and ckpt is marker
     o_ref, ht_ref = truth(q, k, v, g, b, h, None, 0.125)
     assert rel_err(o, o_ref) <= 1e-5 and rel_err(ht, ht_ref) <= 1e-5
     for override in (dict(num_segments=1), dict(precompute_inverse=True), dict(block_v=64),
                      dict(num_warps=8), dict(num_stages=1)):  # an override: the plain kernel
-        _, _, Ai = fused_fwd(q, k, v, g, b, 0.125, h, True, None, 64, return_inverse=True,
-                             **override)
-        assert seen == [64] and Ai is None, override
-    calls, solve = [], chunk_bwd.chunk_inverse
+        _, _, Ai, ckpt = fused_fwd(q, k, v, g, b, 0.125, h, True, None, 64, for_backward=True,
+                                   **override)
+        assert seen == [64, 64] and Ai is None and ckpt is None, override
+    calls, solve, state = [], chunk_bwd.chunk_inverse, chunk_bwd.chunk_state
     monkeypatch.setattr(chunk_bwd, "chunk_inverse",
                         lambda *a, **kw: calls.append(1) or solve(*a, **kw))
+    monkeypatch.setattr(chunk_bwd, "chunk_state",
+                        lambda *a, **kw: calls.append(kw["checkpoints"]) or state(*a, **kw))
     leaves = [x.detach().requires_grad_() for x in (q, k, v, g, b)]
     o, _ = chunk_gated_delta_rule(*leaves, initial_state=h, backend="fused")
     torch.autograd.grad(o.sum(), leaves)
-    assert seen == [64, 64] and calls == []
+    assert seen == [64, 64, 64] and len(calls) == 1 and torch.equal(calls[0], marker)
 
 
 def test_auto_picks_the_route_where_it_was_measured_faster(monkeypatch):
@@ -554,10 +575,12 @@ def test_fused_gpu_route_compiles():
     assert uses_warp_specialized(xs[0], xs[2], 64, None)
 
     def f(q, k, v, g, b, h):
-        return fused_fwd(q, k, v, g, b, 128 ** -0.5, h, True, None, 64, return_inverse=True)
+        return fused_fwd(q, k, v, g, b, 128 ** -0.5, h, True, None, 64, for_backward=True)
     compiled = torch.compile(f, backend="aot_eager", fullgraph=True)(*xs)
     eager = f(*xs)
     assert eager[2] is not None and eager[2].shape == (1, 8192, 32, 64)
+    # 128 chunks at B·HV = 32: the state entering chunk 64 (chunk_state.checkpoint_count)
+    assert eager[3] is not None and eager[3].shape == (1, 1, 32, 128, 128)
     for c, e in zip(compiled, eager):
         assert torch.equal(c, e)
 

@@ -185,6 +185,11 @@ def test_state_output_kernel_is_chosen_only_where_it_applies(monkeypatch):
     assert not use(x(cuda=False), x(cuda=False), 64, None)
     monkeypatch.setenv("GDN_STATE_OUTPUT_KERNEL", "0")
     assert not use(x(), x(), 64, None)
+    # the tiling conditions alone (the backward's Gluon dq/dk/dw/dg kernel): no token floor,
+    # and the forward's A/B switch does not turn them off
+    tiles = materialized.gluon_tiles_apply
+    assert tiles(x(T=1024), x(T=1024), 64, None) and tiles(x(), x(), 64, None)
+    assert not tiles(x(B=4, T=2050), x(B=4, T=2050), 64, None)
     monkeypatch.delenv("GDN_STATE_OUTPUT_KERNEL")
     capability[0] = (10, 0)  # sm_100: wgmma and this kernel's setmaxnreg split are sm_90a
     assert not use(x(), x(), 64, None)

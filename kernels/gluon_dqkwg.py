@@ -1,0 +1,308 @@
+"""chunk_bwd_dqkwg (kernels/chunk_bwd_dqkwg.py) as a persistent, warp-specialized Gluon kernel
+for Hopper (sm_90a): the same math and outputs, one CTA an SM looping over the work items
+(key block of 64, batch · value head, chunk — chunk_index.grid_position's order) while a
+producer warp streams the next item's tiles by TMA into a two-stage ring.
+
+Why: the Triton kernel holds 255 registers a thread and 96 KB of shared memory, so two programs
+an SM, each loading its tiles, then computing, then storing (H200, (1, 32768), session 15:
+1,747–1,768 µs; its HBM traffic, h and dh 537 MB each, V', dO, dV', dq, dk, dw 268 MB each, q
+and k 134 MB, is ~760 µs at the copy bandwidth). Triton 3.6's pipeliner could not overlap one
+item's loads with another's products in the shared memory a program has (persistent Triton
+forms: 1,988–4,732 µs, eval/bench.py). Here a stage is 96 KB (h and dh [64, 128], V', dO and
+dV' [64, 128], q and k [64, 64]) in two transactions: the first five tiles are released after
+the first four products, so the producer refills them while the gate terms run; q and k at the
+item's end. Two stages, P's tile and one staging tile: 209 KB with the layout conversions'
+scratch, one CTA an SM.
+
+Measured (H200, (1, 32768), `eval.bench --sweep bwd`, session 15): 1,635 µs against the Triton
+kernel's 1,768 in the same run; dq, dk, dw bit-identical to it, dg within 2.2e-6. The compute
+warpgroup is what binds, not the loads: its loop is 2,275 SASS instructions an item (3,418 with
+dg's reverse cumsums as scans: 1,900 µs), one item in ~6.6 µs against ~3.8 µs of HBM time at
+the chip's bandwidth share (eval.ptxas: 240 registers, 208 B of spill stores, 214 KB of shared
+memory). Two compute warpgroups on alternate items (each its own stage, P
+tile and staging tile; 230 KB) took 1,497 µs but gave a wrong dg in one of three cases (4.4e-2
+relative in the strong-decay case; dq, dk, dw still bit-identical), cause not found: not kept.
+
+Per item the compute warpgroup runs:
+
+    dW = −dV' hᵀ                stored at once (TMA), so its accumulator is free for the rest
+    dQ = dO hᵀ, dK = V' dhᵀ, dM = dO V'ᵀ   (in flight together, ⟨h, dh⟩ meanwhile), then
+                                releases h, dh, V', dO, dV'
+    Q Kᵀ, the gate terms        as chunk_bwd_dqkwg (kernels/chunk_gate_bwd.py's scheme)
+    dQ += P K, dK += Pᵀ Q       P = scale · dM ⊙ Γ, the second product reading P transposed
+                                from shared memory; then releases q and k
+    dg                          its reverse cumsums as one product (:func:`_gate_bwd`)
+    stores dQ and dK (TMA) and dg (this key block's partial, fp32).
+
+Scope: dense batches where no chunk straddles two sequences (B = 1 or T a multiple of 64: a
+TMA tile past a sequence's end reads the next one's rows, which only zero weights would keep
+out), K = V = 128, chunk 64, bf16. Math: the chunkwise Gated DeltaNet backward (docs/
+backward.md; flash-linear-attention's chunk_bwd_dqkwg for dq, dk, dw).
+"""
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                              warpgroup_mma, warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from gdn_fused.kernels import launch as direct
+from gdn_fused.kernels.chunk_index import sm_count
+from gdn_fused.kernels.gluon_ring import (LOAD_REGS, LOAD_WARPS, accumulator_layout,
+                                          chunk_gates, descriptor_layout, ring_barriers,
+                                          ring_buffers, tile_bytes)
+
+CHUNK = 64
+HEAD_DIM = 128
+BLOCK_K = 64  # key columns an item: wgmma's N for dq, dk, dw (the chunk's 64 for dM, Q Kᵀ)
+STAGES = 2
+# TMA block of each descriptor: h, dh [BK, V] rows of the [NT·HV·K, V] states; V', dO, dV'
+# [C, V]; q, k and the outputs [C, BK]
+DESCRIPTOR_BLOCKS = dict(h=[BLOCK_K, HEAD_DIM], dh=[BLOCK_K, HEAD_DIM], v_new=[CHUNK, HEAD_DIM],
+                         do=[CHUNK, HEAD_DIM], dv2=[CHUNK, HEAD_DIM], q=[CHUNK, BLOCK_K],
+                         k=[CHUNK, BLOCK_K], dq=[CHUNK, BLOCK_K], dk=[CHUNK, BLOCK_K],
+                         dw=[CHUNK, BLOCK_K])
+# the compute warpgroup and the producer warp (padded to 4): 8 warps, one CTA an SM
+MAXNREG = 240
+
+
+@gluon.jit
+def _item(item, NBH, HV: gl.constexpr, NK: gl.constexpr):
+    """(key block, batch row, value head, chunk) of work item ``item`` (grid_position's order:
+    key blocks fastest, then batch · value heads, so the items in flight cover whole token
+    rows)."""
+    i_bh = item // NK % NBH
+    return item % NK, i_bh // HV, i_bh % HV, item // (NK * NBH)
+
+
+@gluon.jit
+def _producer(descs, bufs, bars, num_items, NBH, T, NT, H: gl.constexpr, HV: gl.constexpr,
+              K: gl.constexpr, V: gl.constexpr):
+    """One warp: item j's tiles into stage j % STAGES, in two transactions: h, dh, V', dO, dV'
+    once the compute warpgroup has released them (after its first products), q and k once it
+    has released those (after its last). The first STAGES waits of each pass at once."""
+    h_desc, dh_desc, vn_desc, do_desc, dv_desc, q_desc, k_desc = descs
+    ready_big, empty_big, ready_small, empty_small = bars
+    BK: gl.constexpr = h_desc.block_type.shape[0]
+    BT: gl.constexpr = vn_desc.block_type.shape[0]
+    STAGES: gl.constexpr = bufs[0].type.shape[0]
+    big: gl.constexpr = tile_bytes((h_desc, dh_desc, vn_desc, do_desc, dv_desc))
+    small: gl.constexpr = tile_bytes((q_desc, k_desc))
+    j = 0
+    for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
+        i_k, i_b, i_hv, i_t = _item(item, NBH, HV, K // BK)
+        s = j % STAGES
+        phase = ((j // STAGES) & 1) ^ 1
+        row = i_b * T + i_t * BT
+        srow = ((i_b * NT + i_t) * HV + i_hv) * K + i_k * BK
+        kcol = (i_hv // (HV // H)) * K + i_k * BK
+        mbarrier.wait(empty_big.index(s), phase)
+        bar = ready_big.index(s)
+        mbarrier.expect(bar, big)
+        tma.async_copy_global_to_shared(h_desc, [srow, 0], bar, bufs[0].index(s))
+        tma.async_copy_global_to_shared(dh_desc, [srow, 0], bar, bufs[1].index(s))
+        tma.async_copy_global_to_shared(vn_desc, [row, i_hv * V], bar, bufs[2].index(s))
+        tma.async_copy_global_to_shared(do_desc, [row, i_hv * V], bar, bufs[3].index(s))
+        tma.async_copy_global_to_shared(dv_desc, [row, i_hv * V], bar, bufs[4].index(s))
+        mbarrier.wait(empty_small.index(s), phase)
+        bar = ready_small.index(s)
+        mbarrier.expect(bar, small)
+        tma.async_copy_global_to_shared(q_desc, [row, kcol], bar, bufs[5].index(s))
+        tma.async_copy_global_to_shared(k_desc, [row, kcol], bar, bufs[6].index(s))
+        j += 1
+
+
+@gluon.jit
+def _decay(D, valid):
+    """exp(D) fp32 on valid rows, else 0, for an fp64 exponent D ≤ 0 (chunk_gate.decay)."""
+    return gl.where(valid, gl.exp(gl.where(valid, D, 0.).to(gl.float32)), 0.)
+
+
+@gluon.jit
+def _gate_bwd(b_a, b_Z, zh_smem, zl_smem, o_t, o_j, acc: gl.constexpr, a_op: gl.constexpr):
+    """Per-token dg [C] from row terms b_a and strictly-lower pair terms b_Z without forming
+    cancelling pairs (kernels/chunk_gate_bwd.py): dg_t = Σ_{i≥t} a_i + Σ_{j<t} Σ_{i≥t} Z_ij.
+    chunk_gate_bwd's reverse cumsums become, with D_ti = Σ_{j<t} Z_ij (D = U Zᵀ, U_tj =
+    [j < t], on the tensor cores: Z split into bf16 high and low halves, ~2⁻¹⁷ relative, U
+    exact), dg_t = Σ_{i≥t} (a_i + D_ti): one masked row sum, no cross-warp scan (a scan form,
+    in a blocked layout since Triton 3.6 scans no wgmma layout, took the kernel 1,900 µs at
+    (1, 32768) against 1,635; its dg within 2e-7 of chunk_bwd_dqkwg's, this one's 2e-6).
+    zh_smem, zl_smem: two free [C, C] bf16 tiles."""
+    C: gl.constexpr = b_Z.type.shape[0]
+    z_hi = b_Z.to(gl.bfloat16)
+    zh_smem.store(z_hi)
+    zl_smem.store((b_Z - z_hi.to(gl.float32)).to(gl.bfloat16))
+    fence_async_shared()
+    gl.thread_barrier()
+    U = gl.convert_layout(gl.where(o_j[None, :] < o_t[:, None], 1., 0.).to(gl.bfloat16), a_op)
+    D = warpgroup_mma(U, zh_smem.permute((1, 0)), gl.zeros([C, C], gl.float32, acc),
+                      use_acc=False)
+    D = warpgroup_mma(U, zl_smem.permute((1, 0)), D)
+    a = gl.convert_layout(b_a, gl.SliceLayout(0, acc))
+    return gl.sum(gl.where(o_j[None, :] >= o_t[:, None], D + a[None, :], 0.), 1)
+
+
+@gluon.jit
+def _compute(bufs, bars, p_tile, o_tile, dq_desc, dk_desc, dw_desc, G, dg, s_dg, scale,
+             num_items, NBH, T, HV: gl.constexpr, K: gl.constexpr):
+    """The compute warpgroup: this CTA's items j (stage j % STAGES); p_tile: P, then dQ's
+    staging tile; o_tile: dW's, then dK's staging tile."""
+    h_bufs, dh_bufs, vn_bufs, do_bufs, dv_bufs, q_bufs, k_bufs = bufs
+    ready_big, empty_big, ready_small, empty_small = bars
+    BT: gl.constexpr = vn_bufs.type.shape[1]
+    BK: gl.constexpr = q_bufs.type.shape[2]
+    STAGES: gl.constexpr = h_bufs.type.shape[0]
+    gl.static_assert(BT == BK, "one [64, 64] accumulator layout for dq, dk, dw, dM and Q Kᵀ")
+    acc: gl.constexpr = accumulator_layout(BK)
+    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc, k_width=2)
+    rows: gl.constexpr = gl.SliceLayout(1, acc)
+    cols: gl.constexpr = gl.SliceLayout(0, acc)
+    # h and dh read for ⟨h, dh⟩: 16-byte runs of a row a thread
+    hl: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+    o_t = gl.arange(0, BT, layout=rows)
+    o_j = gl.arange(0, BT, layout=cols)
+    zero = gl.zeros([BT, BK], gl.float32, acc)
+    j = 0
+    for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
+        i_k, i_b, i_hv, i_t = _item(item, NBH, HV, K // BK)
+        s = j % STAGES
+        phase = (j // STAGES) & 1
+        bos = i_b * T
+        row = bos + i_t * BT
+        col = i_hv * K + i_k * BK
+        # the gates first: their global-load latency overlaps the wait for the stage
+        valid, b_G, G_last = chunk_gates(G, bos, i_t, T, o_t, HV, i_hv)
+        b_Gj = gl.convert_layout(b_G, cols)
+        mbarrier.wait(ready_big.index(s), phase)
+        # dW = −dV' hᵀ, stored at once: the staging tile's last stores (the previous item's
+        # dK, and dQ from P's tile) must have read their tiles (the wait is for those reads)
+        b_dw = warpgroup_mma(dv_bufs.index(s), h_bufs.index(s).permute((1, 0)), zero,
+                             use_acc=False)
+        tma.store_wait(0)
+        o_tile.store((-b_dw).to(gl.bfloat16))
+        fence_async_shared()
+        gl.thread_barrier()
+        tma.async_copy_shared_to_global(dw_desc, [row, col], o_tile)
+        b_dq = warpgroup_mma(do_bufs.index(s), h_bufs.index(s).permute((1, 0)), zero,
+                             use_acc=False, is_async=True)
+        b_dk = warpgroup_mma(vn_bufs.index(s), dh_bufs.index(s).permute((1, 0)), zero,
+                             use_acc=False, is_async=True)
+        b_dM = warpgroup_mma(do_bufs.index(s), vn_bufs.index(s).permute((1, 0)), zero,
+                             use_acc=False, is_async=True)
+        # ⟨h, dh⟩ over this key block while the products run
+        hdh = gl.sum(gl.sum(h_bufs.index(s).load(hl).to(gl.float32)
+                            * dh_bufs.index(s).load(hl).to(gl.float32), 1), 0)
+        b_dq, b_dk, b_dM = warpgroup_mma_wait(0, deps=[b_dq, b_dk, b_dM])
+        # h, dh, V', dO, dV' are read: every warp past them, then the one arrive lets the
+        # producer refill them with item j + STAGES while this one's gate terms run
+        gl.thread_barrier()
+        mbarrier.arrive(empty_big.index(s), count=1)
+        mbarrier.wait(ready_small.index(s), phase)
+        b_qk = warpgroup_mma(q_bufs.index(s), k_bufs.index(s).permute((1, 0)), zero,
+                             use_acc=False, is_async=True)
+        kf = k_bufs.index(s).load(acc).to(gl.float32)
+        qf = q_bufs.index(s).load(acc).to(gl.float32)
+        last = gl.minimum(BT, T - i_t * BT) - 1
+        # through the state leaving the chunk: e^{G_C} ⟨h, dh⟩ (a row term of G_C) and the keys
+        # decayed by e^{G_C − G_j} (pair terms (C, j), j < C)
+        b_dk = b_dk * _decay(G_last - b_G, valid)[:, None]
+        b_a = gl.where(o_t == last, hdh * gl.exp(G_last.to(gl.float32)), 0.)
+        zk = gl.convert_layout(gl.sum(b_dk * kf, 1), cols)
+        b_Z = gl.where((o_t[:, None] == last) & (o_j[None, :] < last), zk[None, :], 0.)
+        # through the inter-chunk output term scale·e^{G_i} q_i h: row terms
+        b_dq = b_dq * (scale * _decay(b_G, valid))[:, None]
+        b_a += gl.sum(b_dq * qf, 1)
+        # through the intra-chunk output term: pair terms P_ij q_i·k_j below the diagonal
+        incl = (o_t[:, None] >= o_j[None, :]) & valid[:, None]
+        diff = (b_G[:, None] - b_Gj[None, :]).to(gl.float32)
+        b_P = b_dM * scale * gl.where(incl, gl.exp(gl.where(incl, diff, 0.)), 0.)
+        b_qk = warpgroup_mma_wait(0, deps=[b_qk])
+        b_Z += gl.where(o_t[:, None] > o_j[None, :], b_P * b_qk, 0.)
+        p16 = b_P.to(gl.bfloat16)
+        p_tile.store(p16)
+        fence_async_shared()
+        gl.thread_barrier()
+        b_dq = warpgroup_mma(gl.convert_layout(p16, a_op), k_bufs.index(s), b_dq, is_async=True)
+        b_dk = warpgroup_mma(p_tile.permute((1, 0)), q_bufs.index(s), b_dk, is_async=True)
+        b_dq, b_dk = warpgroup_mma_wait(0, deps=[b_dq, b_dk])
+        # every warp past its reads of q, k (and of P's tile) before the one arrive
+        gl.thread_barrier()
+        mbarrier.arrive(empty_small.index(s), count=1)
+        # P's tile is free now; dW's staging tile once its store has read it
+        tma.store_wait(0)
+        b_dg = _gate_bwd(b_a, b_Z, p_tile, o_tile, o_t, o_j, acc, a_op)
+        gl.thread_barrier()  # the products' reads of the two tiles before they are rewritten
+        # dQ staged in P's tile, dK in dW's
+        p_tile.store(b_dq.to(gl.bfloat16))
+        o_tile.store(b_dk.to(gl.bfloat16))
+        fence_async_shared()
+        gl.thread_barrier()
+        tma.async_copy_shared_to_global(dq_desc, [row, col], p_tile)
+        tma.async_copy_shared_to_global(dk_desc, [row, col], o_tile)
+        gl.store(dg + i_k * s_dg + (row + o_t).to(gl.int64) * HV + i_hv, b_dg, mask=valid)
+        j += 1
+    tma.store_wait(0)
+
+
+@gluon.jit
+def chunk_bwd_dqkwg_gluon_kernel(h_desc, dh_desc, vn_desc, do_desc, dv_desc, q_desc, k_desc,
+                                 dq_desc, dk_desc, dw_desc, G, dg, s_dg, scale, num_items, NBH,
+                                 T, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
+                                 V: gl.constexpr, STAGES: gl.constexpr):
+    """Grid (CTAs,): each loops over items pid, pid + CTAs, … of num_items (NBH = B·HV)."""
+    BT: gl.constexpr = vn_desc.block_type.shape[0]
+    BK: gl.constexpr = q_desc.block_type.shape[1]
+    descs = (h_desc, dh_desc, vn_desc, do_desc, dv_desc, q_desc, k_desc)
+    bufs = (ring_buffers(h_desc, STAGES), ring_buffers(dh_desc, STAGES),
+            ring_buffers(vn_desc, STAGES), ring_buffers(do_desc, STAGES),
+            ring_buffers(dv_desc, STAGES), ring_buffers(q_desc, STAGES),
+            ring_buffers(k_desc, STAGES))
+    # P's tile (read transposed by dK's product, then dg's Z, then dQ's staging tile) and
+    # dW's tile (its staging tile, then dg's Z, then dK's): two tiles, not five (the ring, these
+    # and the layout conversions' scratch take 209 KB of the 227 an SM gives a CTA)
+    gl.static_assert(BT == BK, "P's tile stages dQ")
+    p_tile = gl.allocate_shared_memory(dq_desc.dtype, [BT, BK], dq_desc.layout)
+    o_tile = gl.allocate_shared_memory(dq_desc.dtype, [BT, BK], dq_desc.layout)
+    ready_big, empty_big = ring_barriers(STAGES)
+    ready_small, empty_small = ring_barriers(STAGES)
+    bars = (ready_big, empty_big, ready_small, empty_small)
+    gl.warp_specialize([
+        (_compute, (bufs, bars, p_tile, o_tile, dq_desc, dk_desc, dw_desc, G, dg, s_dg, scale,
+                    num_items, NBH, T, HV, K)),
+        (_producer, (descs, bufs, bars, num_items, NBH, T, gl.cdiv(T, BT), H, HV, K, V)),
+    ], [LOAD_WARPS], [LOAD_REGS])
+
+
+def chunk_bwd_dqkwg_gluon(q, k, v_new, h, dh, G, do, dv2, scale, programs=None):
+    """chunk_bwd_dqkwg's outputs where materialized.gluon_tiles_apply(q, do, 64, None) holds
+    (an NVIDIA sm_90 GPU, bf16, K = V = 128, chunk 64, a dense batch in which no chunk
+    straddles two sequences; the caller checks).
+
+    q, k [B, T, H, 128] bf16; v_new, do, dv2 [B, T, HV, 128] bf16; h, dh [B·NT, HV, 128, 128]
+    bf16; G [B, T, HV] fp64 (chunk_cumsum's chunk-local cumsum of g); scale a float;
+    programs: CTAs of the persistent grid (default: one an SM). Returns (dq, dk, dw
+    [B, T, HV, 128] bf16, dg [2, B, T, HV] fp32: per key block of 64, partial), as
+    chunk_bwd_dqkwg with its default key blocks."""
+    B, T, H, K = q.shape
+    HV, V = do.shape[2], do.shape[3]
+    NT = triton.cdiv(T, CHUNK)
+    q, k, v_new, do, dv2, h, dh = (x.contiguous() for x in (q, k, v_new, do, dv2, h, dh))
+    dq = torch.empty(B, T, HV, K, dtype=q.dtype, device=q.device)
+    dk = torch.empty_like(dq)
+    dw = torch.empty_like(dq)
+    NK = K // BLOCK_K
+    dg = torch.empty(NK, B, T, HV, dtype=torch.float32, device=q.device)
+    views = dict(h=h.view(B * NT * HV * K, V), dh=dh.view(B * NT * HV * K, V),
+                 v_new=v_new.view(B * T, HV * V), do=do.view(B * T, HV * V),
+                 dv2=dv2.view(B * T, HV * V), q=q.view(B * T, H * K), k=k.view(B * T, H * K),
+                 dq=dq.view(B * T, HV * K), dk=dk.view(B * T, HV * K), dw=dw.view(B * T, HV * K))
+    descs = [TensorDescriptor.from_tensor(x, DESCRIPTOR_BLOCKS[n],
+                                          descriptor_layout(DESCRIPTOR_BLOCKS[n]))
+             for n, x in views.items()]
+    num_items = NK * B * HV * NT
+    grid = (min(num_items, programs or sm_count(q.device)),)
+    direct.launch(chunk_bwd_dqkwg_gluon_kernel, grid, *descs, G, dg, dg.stride(0),
+                  float(scale), num_items, B * HV, T, H=H, HV=HV, K=K, V=V, STAGES=STAGES,
+                  num_warps=4, maxnreg=MAXNREG)
+    return dq, dk, dw, dg
