@@ -11,27 +11,30 @@ item's loads with another's products in the shared memory a program has (persist
 forms: 1,988–4,732 µs, eval/bench.py). Here a stage is 96 KB (h and dh [64, 128], V', dO and
 dV' [64, 128], q and k [64, 64]) in two transactions: the first five tiles are released after
 the first four products, so the producer refills them while the gate terms run; q and k at the
-item's end. Two stages, P's tile and one staging tile: 209 KB with the layout conversions'
-scratch, one CTA an SM.
+item's end. Two stages, P's tile, one staging tile and dg's constant operand: 222 KB with the
+layout conversions' scratch, one CTA an SM.
 
-Measured (H200, (1, 32768), `eval.bench --sweep bwd`, session 15): 1,635 µs against the Triton
-kernel's 1,768 in the same run; dq, dk, dw bit-identical to it, dg within 2.2e-6. The compute
-warpgroup is what binds, not the loads: its loop is 2,275 SASS instructions an item (3,418 with
-dg's reverse cumsums as scans: 1,900 µs), one item in ~6.6 µs against ~3.8 µs of HBM time at
-the chip's bandwidth share (eval.ptxas: 240 registers, 208 B of spill stores, 214 KB of shared
-memory). Two compute warpgroups on alternate items (each its own stage, P
-tile and staging tile; 230 KB) took 1,497 µs but gave a wrong dg in one of three cases (4.4e-2
-relative in the strong-decay case; dq, dk, dw still bit-identical), cause not found: not kept.
+Measured (H200, (1, 32768), `eval.bench --sweep bwd`, session 15): **1,427 µs** against the
+Triton kernel's 1,750 in the same run; dq, dk, dw bit-identical to it, dg within 2.2e-6. The
+compute warpgroup binds, not the loads: one item takes ~5.8 µs against ~3.8 µs of HBM time at
+the chip's bandwidth share (eval.ptxas: 240 registers, 28 B of spill stores, 2,597 SASS
+instructions an item). Its forms, in order: dg's reverse cumsums as scans and each product
+waited for in turn, 1,874–1,900 µs (3,418 instructions, 587 of them shuffles); dg as a product
+through shared memory, 1,635 (2,275 instructions, 208 B of spills); dW's and dg's products in
+flight with the others (this form), 1,427. Two compute warpgroups on alternate items (each its
+own stage, P tile and staging tile; 230 KB) took 1,497 µs in the second form but gave a wrong
+dg in one of three cases (4.4e-2 relative in the strong-decay case; dq, dk, dw still
+bit-identical), cause not found: not kept.
 
 Per item the compute warpgroup runs:
 
-    dW = −dV' hᵀ                stored at once (TMA), so its accumulator is free for the rest
-    dQ = dO hᵀ, dK = V' dhᵀ, dM = dO V'ᵀ   (in flight together, ⟨h, dh⟩ meanwhile), then
-                                releases h, dh, V', dO, dV'
+    dW = −dV' hᵀ, dQ = dO hᵀ, dK = V' dhᵀ, dM = dO V'ᵀ   in flight together (⟨h, dh⟩
+                                meanwhile); dW stored at once (TMA); h, dh, V', dO, dV'
+                                released
     Q Kᵀ, the gate terms        as chunk_bwd_dqkwg (kernels/chunk_gate_bwd.py's scheme)
-    dQ += P K, dK += Pᵀ Q       P = scale · dM ⊙ Γ, the second product reading P transposed
-                                from shared memory; then releases q and k
-    dg                          its reverse cumsums as one product (:func:`_gate_bwd`)
+    dQ += P K, dK += Pᵀ Q, D = Z L   P = scale · dM ⊙ Γ (dK's product reads it transposed from
+                                shared memory); D: dg's reverse cumsums as one product
+                                (:func:`_gate_bwd_product`); then q and k released
     stores dQ and dK (TMA) and dg (this key block's partial, fp32).
 
 Scope: dense batches where no chunk straddles two sequences (B = 1 or T a multiple of 64: a
@@ -120,31 +123,32 @@ def _decay(D, valid):
 
 
 @gluon.jit
-def _gate_bwd(b_a, b_Z, zh_smem, zl_smem, o_t, o_j, acc: gl.constexpr, a_op: gl.constexpr):
-    """Per-token dg [C] from row terms b_a and strictly-lower pair terms b_Z without forming
-    cancelling pairs (kernels/chunk_gate_bwd.py): dg_t = Σ_{i≥t} a_i + Σ_{j<t} Σ_{i≥t} Z_ij.
-    chunk_gate_bwd's reverse cumsums become, with D_ti = Σ_{j<t} Z_ij (D = U Zᵀ, U_tj =
-    [j < t], on the tensor cores: Z split into bf16 high and low halves, ~2⁻¹⁷ relative, U
-    exact), dg_t = Σ_{i≥t} (a_i + D_ti): one masked row sum, no cross-warp scan (a scan form,
-    in a blocked layout since Triton 3.6 scans no wgmma layout, took the kernel 1,900 µs at
-    (1, 32768) against 1,635; its dg within 2e-7 of chunk_bwd_dqkwg's, this one's 2e-6).
-    zh_smem, zl_smem: two free [C, C] bf16 tiles."""
+def _gate_bwd_product(b_Z, l_tile, acc: gl.constexpr, a_op: gl.constexpr):
+    """The per-token dg from row terms a and strictly-lower pair terms Z without forming
+    cancelling pairs (kernels/chunk_gate_bwd.py) is dg_t = Σ_{i≥t} a_i + Σ_{j<t} Σ_{i≥t} Z_ij.
+    chunk_gate_bwd's reverse cumsums become one product and a masked sum: D_it = Σ_{j<t} Z_ij
+    = (Z L)_it with L_jt = [j < t] (the constant tile ``l_tile``, exact in bf16) and Z from
+    registers as its bf16 high and low halves (~2⁻¹⁷ relative), issued asynchronously here
+    beside the P products; then dg_t = Σ_{i≥t} (a_i + D_it) (:func:`_dg_of`). Measured forms
+    (H200, (1, 32768)): two reverse scans in a blocked layout (Triton 3.6 scans no wgmma
+    layout), 1,900 µs; Z through shared memory and the product after the P products, 1,635;
+    this one 1,427. dg within 2.2e-6 of chunk_bwd_dqkwg's either way."""
     C: gl.constexpr = b_Z.type.shape[0]
     z_hi = b_Z.to(gl.bfloat16)
-    zh_smem.store(z_hi)
-    zl_smem.store((b_Z - z_hi.to(gl.float32)).to(gl.bfloat16))
-    fence_async_shared()
-    gl.thread_barrier()
-    U = gl.convert_layout(gl.where(o_j[None, :] < o_t[:, None], 1., 0.).to(gl.bfloat16), a_op)
-    D = warpgroup_mma(U, zh_smem.permute((1, 0)), gl.zeros([C, C], gl.float32, acc),
-                      use_acc=False)
-    D = warpgroup_mma(U, zl_smem.permute((1, 0)), D)
-    a = gl.convert_layout(b_a, gl.SliceLayout(0, acc))
-    return gl.sum(gl.where(o_j[None, :] >= o_t[:, None], D + a[None, :], 0.), 1)
+    z_lo = (b_Z - z_hi.to(gl.float32)).to(gl.bfloat16)
+    D = warpgroup_mma(gl.convert_layout(z_hi, a_op), l_tile, gl.zeros([C, C], gl.float32, acc),
+                      use_acc=False, is_async=True)
+    return warpgroup_mma(gl.convert_layout(z_lo, a_op), l_tile, D, is_async=True)
 
 
 @gluon.jit
-def _compute(bufs, bars, p_tile, o_tile, dq_desc, dk_desc, dw_desc, G, dg, s_dg, scale,
+def _dg_of(D, b_a, o_t, o_j):
+    """dg_t = Σ_{i≥t} (a_i + D_it) [C] (columns' layout) from :func:`_gate_bwd_product`'s D."""
+    return gl.sum(gl.where(o_t[:, None] >= o_j[None, :], D + b_a[:, None], 0.), 0)
+
+
+@gluon.jit
+def _compute(bufs, bars, p_tile, o_tile, l_tile, dq_desc, dk_desc, dw_desc, G, dg, s_dg, scale,
              num_items, NBH, T, HV: gl.constexpr, K: gl.constexpr):
     """The compute warpgroup: this CTA's items j (stage j % STAGES); p_tile: P, then dQ's
     staging tile; o_tile: dW's, then dK's staging tile."""
@@ -163,6 +167,10 @@ def _compute(bufs, bars, p_tile, o_tile, dq_desc, dk_desc, dw_desc, G, dg, s_dg,
     o_t = gl.arange(0, BT, layout=rows)
     o_j = gl.arange(0, BT, layout=cols)
     zero = gl.zeros([BT, BK], gl.float32, acc)
+    # L_jt = [j < t], the constant operand of dg's product, once
+    l_tile.store(gl.where(o_t[:, None] < o_j[None, :], 1., 0.).to(gl.bfloat16))
+    fence_async_shared()
+    gl.thread_barrier()
     j = 0
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
         i_k, i_b, i_hv, i_t = _item(item, NBH, HV, K // BK)
@@ -175,15 +183,10 @@ def _compute(bufs, bars, p_tile, o_tile, dq_desc, dk_desc, dw_desc, G, dg, s_dg,
         valid, b_G, G_last = chunk_gates(G, bos, i_t, T, o_t, HV, i_hv)
         b_Gj = gl.convert_layout(b_G, cols)
         mbarrier.wait(ready_big.index(s), phase)
-        # dW = −dV' hᵀ, stored at once: the staging tile's last stores (the previous item's
-        # dK, and dQ from P's tile) must have read their tiles (the wait is for those reads)
+        # dW = −dV' hᵀ with the next three products in flight (dW first, then stored, in a
+        # serial form: 1,635 against 1,427 µs with dg's product also serial)
         b_dw = warpgroup_mma(dv_bufs.index(s), h_bufs.index(s).permute((1, 0)), zero,
-                             use_acc=False)
-        tma.store_wait(0)
-        o_tile.store((-b_dw).to(gl.bfloat16))
-        fence_async_shared()
-        gl.thread_barrier()
-        tma.async_copy_shared_to_global(dw_desc, [row, col], o_tile)
+                             use_acc=False, is_async=True)
         b_dq = warpgroup_mma(do_bufs.index(s), h_bufs.index(s).permute((1, 0)), zero,
                              use_acc=False, is_async=True)
         b_dk = warpgroup_mma(vn_bufs.index(s), dh_bufs.index(s).permute((1, 0)), zero,
@@ -193,7 +196,14 @@ def _compute(bufs, bars, p_tile, o_tile, dq_desc, dk_desc, dw_desc, G, dg, s_dg,
         # ⟨h, dh⟩ over this key block while the products run
         hdh = gl.sum(gl.sum(h_bufs.index(s).load(hl).to(gl.float32)
                             * dh_bufs.index(s).load(hl).to(gl.float32), 1), 0)
-        b_dq, b_dk, b_dM = warpgroup_mma_wait(0, deps=[b_dq, b_dk, b_dM])
+        b_dw, b_dq, b_dk, b_dM = warpgroup_mma_wait(0, deps=[b_dw, b_dq, b_dk, b_dM])
+        # dW stored at once: the staging tile's last store (the previous item's dK) must have
+        # read it (the wait is for that read)
+        tma.store_wait(0)
+        o_tile.store((-b_dw).to(gl.bfloat16))
+        fence_async_shared()
+        gl.thread_barrier()
+        tma.async_copy_shared_to_global(dw_desc, [row, col], o_tile)
         # h, dh, V', dO, dV' are read: every warp past them, then the one arrive lets the
         # producer refill them with item j + STAGES while this one's gate terms run
         gl.thread_barrier()
@@ -225,14 +235,14 @@ def _compute(bufs, bars, p_tile, o_tile, dq_desc, dk_desc, dw_desc, G, dg, s_dg,
         gl.thread_barrier()
         b_dq = warpgroup_mma(gl.convert_layout(p16, a_op), k_bufs.index(s), b_dq, is_async=True)
         b_dk = warpgroup_mma(p_tile.permute((1, 0)), q_bufs.index(s), b_dk, is_async=True)
-        b_dq, b_dk = warpgroup_mma_wait(0, deps=[b_dq, b_dk])
+        D = _gate_bwd_product(b_Z, l_tile, acc, a_op)
+        b_dq, b_dk, D = warpgroup_mma_wait(0, deps=[b_dq, b_dk, D])
         # every warp past its reads of q, k (and of P's tile) before the one arrive
         gl.thread_barrier()
         mbarrier.arrive(empty_small.index(s), count=1)
         # P's tile is free now; dW's staging tile once its store has read it
         tma.store_wait(0)
-        b_dg = _gate_bwd(b_a, b_Z, p_tile, o_tile, o_t, o_j, acc, a_op)
-        gl.thread_barrier()  # the products' reads of the two tiles before they are rewritten
+        b_dg = _dg_of(D, b_a, o_t, o_j)
         # dQ staged in P's tile, dK in dW's
         p_tile.store(b_dq.to(gl.bfloat16))
         o_tile.store(b_dk.to(gl.bfloat16))
@@ -240,7 +250,9 @@ def _compute(bufs, bars, p_tile, o_tile, dq_desc, dk_desc, dw_desc, G, dg, s_dg,
         gl.thread_barrier()
         tma.async_copy_shared_to_global(dq_desc, [row, col], p_tile)
         tma.async_copy_shared_to_global(dk_desc, [row, col], o_tile)
-        gl.store(dg + i_k * s_dg + (row + o_t).to(gl.int64) * HV + i_hv, b_dg, mask=valid)
+        # (dg comes in the columns' layout)
+        gl.store(dg + i_k * s_dg + (row + o_j).to(gl.int64) * HV + i_hv, b_dg,
+                 mask=i_t * BT + o_j < T)
         j += 1
     tma.store_wait(0)
 
@@ -264,12 +276,14 @@ def chunk_bwd_dqkwg_gluon_kernel(h_desc, dh_desc, vn_desc, do_desc, dv_desc, q_d
     gl.static_assert(BT == BK, "P's tile stages dQ")
     p_tile = gl.allocate_shared_memory(dq_desc.dtype, [BT, BK], dq_desc.layout)
     o_tile = gl.allocate_shared_memory(dq_desc.dtype, [BT, BK], dq_desc.layout)
+    # dg's constant operand
+    l_tile = gl.allocate_shared_memory(dq_desc.dtype, [BT, BT], dq_desc.layout)
     ready_big, empty_big = ring_barriers(STAGES)
     ready_small, empty_small = ring_barriers(STAGES)
     bars = (ready_big, empty_big, ready_small, empty_small)
     gl.warp_specialize([
-        (_compute, (bufs, bars, p_tile, o_tile, dq_desc, dk_desc, dw_desc, G, dg, s_dg, scale,
-                    num_items, NBH, T, HV, K)),
+        (_compute, (bufs, bars, p_tile, o_tile, l_tile, dq_desc, dk_desc, dw_desc, G, dg, s_dg,
+                    scale, num_items, NBH, T, HV, K)),
         (_producer, (descs, bufs, bars, num_items, NBH, T, gl.cdiv(T, BT), H, HV, K, V)),
     ], [LOAD_WARPS], [LOAD_REGS])
 
