@@ -111,16 +111,21 @@ def state_stages(num_programs, device):
     return 2 if num_programs > sm_count(device) else 3
 
 
+def checkpoint_slabs(num_chunks: int, segment_chunks: int = SEGMENT_CHUNKS) -> int:
+    """States entering chunks segment_chunks, 2·segment_chunks, … of a sequence of
+    ``num_chunks`` chunks: cdiv(num_chunks, segment_chunks) − 1 (0 for one segment or none)."""
+    return max(triton.cdiv(num_chunks, segment_chunks) - 1, 0)
+
+
 def checkpoint_count(num_seq_heads: int, num_chunks: int, K: int, V: int,
                      device: torch.device) -> int:
     """States a forward stores a sequence of ``num_chunks`` chunks for the backward's
-    recompute (:data:`SEGMENT_CHUNKS` apart, the state entering chunk SEGMENT_CHUNKS, 2·…):
-    cdiv(num_chunks, SEGMENT_CHUNKS) − 1 when the unsplit pass, num_seq_heads · V / BV
+    recompute (:func:`checkpoint_slabs`) when the unsplit pass, num_seq_heads · V / BV
     programs (:func:`state_blocks`), leaves SMs idle; else 0 (it fills them already)."""
     _, BV = state_blocks(K, V, num_seq_heads, device)
     if num_seq_heads * triton.cdiv(V, BV) >= sm_count(device):
         return 0
-    return max(triton.cdiv(num_chunks, SEGMENT_CHUNKS) - 1, 0)
+    return checkpoint_slabs(num_chunks)
 
 
 def new_checkpoints(B: int, T: int, HV: int, K: int, V: int, chunk_size: int,
@@ -159,7 +164,7 @@ def chunk_state(k, w, u, G, initial_state, output_final_state, chunk_size, num_s
                              f"{segment_chunks!r}")
         # dense: exactly the count the sequences need (fewer would leave chunks uncomputed);
         # packed: at least one slab (the longest sequence's count is on the device)
-        need = (triton.cdiv(triton.cdiv(T, chunk_size), segment_chunks) - 1
+        need = (checkpoint_slabs(triton.cdiv(T, chunk_size), segment_chunks)
                 if cu_seqlens is None else None)
         if (checkpoints.dtype != torch.float32 or tuple(checkpoints.shape[1:]) !=
                 (num_seqs, HV, K, V) or not checkpoints.is_contiguous()

@@ -288,14 +288,14 @@ def chunk_bwd_dqkwg_gluon_kernel(h_desc, dh_desc, vn_desc, do_desc, dv_desc, q_d
     ], [LOAD_WARPS], [LOAD_REGS])
 
 
-def chunk_bwd_dqkwg_gluon(q, k, v_new, h, dh, G, do, dv2, scale, programs=None):
+def chunk_bwd_dqkwg_gluon(q, k, v_new, h, dh, G, do, dv2, scale):
     """chunk_bwd_dqkwg's outputs where materialized.gluon_tiles_apply(q, do, 64, None) holds
     (an NVIDIA sm_90 GPU, bf16, K = V = 128, chunk 64, a dense batch in which no chunk
     straddles two sequences; the caller checks).
 
     q, k [B, T, H, 128] bf16; v_new, do, dv2 [B, T, HV, 128] bf16; h, dh [B·NT, HV, 128, 128]
     bf16; G [B, T, HV] fp64 (chunk_cumsum's chunk-local cumsum of g); scale a float;
-    programs: CTAs of the persistent grid (default: one an SM). Returns (dq, dk, dw
+    One CTA an SM (its shared memory allows no second). Returns (dq, dk, dw
     [B, T, HV, 128] bf16, dg [2, B, T, HV] fp32: per key block of 64, partial), as
     chunk_bwd_dqkwg with its default key blocks."""
     B, T, H, K = q.shape
@@ -315,7 +315,7 @@ def chunk_bwd_dqkwg_gluon(q, k, v_new, h, dh, G, do, dv2, scale, programs=None):
                                           descriptor_layout(DESCRIPTOR_BLOCKS[n]))
              for n, x in views.items()]
     num_items = NK * B * HV * NT
-    grid = (min(num_items, programs or sm_count(q.device)),)
+    grid = (min(num_items, sm_count(q.device)),)
     direct.launch(chunk_bwd_dqkwg_gluon_kernel, grid, *descs, G, dg, dg.stride(0),
                   float(scale), num_items, B * HV, T, H=H, HV=HV, K=K, V=V, STAGES=STAGES,
                   num_warps=4, maxnreg=MAXNREG)

@@ -102,7 +102,7 @@ from gdn_fused.kernels.gluon_ring import (LOAD_REGS, LOAD_WARPS, accumulator_lay
                                           descriptor_layout, load_ring, ring_barriers,
                                           ring_buffers, ring_program)
 from gdn_fused.kernels.chunk_index import sm_count
-from gdn_fused.kernels.chunk_state import SEGMENT_CHUNKS
+from gdn_fused.kernels.chunk_state import SEGMENT_CHUNKS, checkpoint_slabs
 from gdn_fused.kernels.gluon_wu import _sum
 
 CHUNK = 64
@@ -803,10 +803,10 @@ def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_fina
 
 
 def _check_checkpoints(name, checkpoints, B, T, HV):
-    """ValueError unless ``checkpoints`` is None or the contiguous fp32 [cdiv(NT,
-    SEGMENT_CHUNKS) − 1, B, HV, 128, 128] tensor the chain fills; returns it, or None for an
-    empty one (a sequence of SEGMENT_CHUNKS chunks or fewer has no checkpoint)."""
-    shape = (triton.cdiv(triton.cdiv(T, CHUNK), SEGMENT_CHUNKS) - 1, B, HV, HEAD_DIM, HEAD_DIM)
+    """ValueError unless ``checkpoints`` is None or the contiguous fp32 [checkpoint_slabs(NT),
+    B, HV, 128, 128] tensor the chain fills; returns it, or None for an empty one (a sequence
+    of SEGMENT_CHUNKS chunks or fewer has no checkpoint)."""
+    shape = (checkpoint_slabs(triton.cdiv(T, CHUNK)), B, HV, HEAD_DIM, HEAD_DIM)
     if checkpoints is None:
         return None
     if tuple(checkpoints.shape) != shape or not (checkpoints.dtype == torch.float32
