@@ -498,20 +498,32 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS, device="cuda", dtype=t
             q, k, v_new, h, dh, G, do, dv2, scale, **kw),
         "wu_bwd": lambda **kw: wu_bwd(k, v, g, beta, Ai, dw, dv2, dk, dg_part, CHUNK,
                                       dot_precision=prec, **idx, **kw),
+        # the persistent warp-specialized Gluon form (kernels/gluon_wu_bwd.py; GPU only)
+        "wu_bwd gluon": lambda **kw: wu_bwd_gluon(k, v, G, beta, Ai, dw, dv2, dk, dg_part,
+                                                  g.dtype, **kw),
         # the GVA sums of dq and dk, and torch's expression they replaced (session 8; two passes
         # over fp32 partials then, one over the bf16 partials of session 9)
         "group_sum dq+dk": lambda: (group_sum(dq, H, q.dtype), group_sum(dk, H, k.dtype)),
         "group_sum dq+dk (torch)": lambda: tuple(
             x.view(B, T, H, HV // H, DIM).sum(3).to(q.dtype) for x in (dq, dk)),
     }
-    if not gluon_tiles_apply(q, do, CHUNK, None):
-        del kernels["chunk_bwd_dqkwg gluon"]
+    if not gluon_tiles_apply(q, do, CHUNK, None) or Ai.dtype != torch.bfloat16:
+        del kernels["chunk_bwd_dqkwg gluon"], kernels["wu_bwd gluon"]
     else:
         from gdn_fused.kernels.gluon_dqkwg import chunk_bwd_dqkwg_gluon
-        # its outputs against the Triton kernel's, printed with the times
+        from gdn_fused.kernels.gluon_wu_bwd import wu_bwd_gluon
+        # their outputs against the Triton kernels', printed with the times (wu_bwd completes
+        # its dk in place: each from a copy)
         got = chunk_bwd_dqkwg_gluon(q, k, v_new, h, dh, G, do, dv2, scale)
         print("dqkwg gluon vs triton, rel:", [f"{rel_diff(a, b):.2e}" for a, b in
                                              zip(got, (dq, dk, dw, dg_part))], flush=True)
+        dk_t, dk_g = dk.clone(), dk.clone()
+        ref = wu_bwd(k, v, g, beta, Ai, dw, dv2, dk_t, dg_part, CHUNK, dot_precision=prec,
+                     **idx)
+        got = wu_bwd_gluon(k, v, G, beta, Ai, dw, dv2, dk_g, dg_part, g.dtype)
+        print("wu_bwd gluon vs triton (dk, dv, dbeta, dg), rel:",
+              [f"{rel_diff(a, b):.2e}" for a, b in zip((dk_g,) + got, (dk_t,) + ref)],
+              flush=True)
     stages = [(name, {}) for name in kernels] + list(variants)
     row = {}
     for name, kw in stages:

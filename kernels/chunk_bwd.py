@@ -13,7 +13,9 @@ everything but the output kernel), then runs four kernels:
     dK, dV, dβ, dg      = wu_bwd               (parallel; through W, U, T, A, and the reverse
                                                 cumsum to per-token dg)  kernels/wu_bwd.py
 
-then sums dQ and dK over the value heads that share a q/k head (GVA, kernels/group_sum.py).
+(the last two as persistent warp-specialized Gluon kernels on Hopper where they apply:
+kernels/gluon_dqkwg.py, kernels/gluon_wu_bwd.py), then sums dQ and dK over the value heads
+that share a q/k head (GVA, kernels/group_sum.py).
 Derivation and the precision of every intermediate: docs/backward.md.
 
 Why recompute rather than save: h is K·V per chunk and value head (32 KB in bf16 at K = V = 128,
@@ -57,6 +59,23 @@ def dqkwg(q, k, v_new, h, dh, g, G, do, dv2, scale, chunk_size, chunk_offsets, p
         return chunk_bwd_dqkwg_gluon(q, k, v_new, h, dh, G, do, dv2, scale)
     return chunk_bwd_dqkwg(q, k, v_new, h, dh, g, do, dv2, scale, chunk_size,
                            chunk_offsets=chunk_offsets, dot_precision=prec, **idx)
+
+
+# dK, dV, dβ and dg through W, U and T from the persistent warp-specialized Gluon kernel
+# (kernels/gluon_wu_bwd.py) where it applies (materialized.gluon_tiles_apply, T in bf16), else
+# wu_bwd. GDN_GLUON_WU_BWD=0 keeps the Triton kernel (A/B timing)
+GLUON_WU_BWD = os.environ.get("GDN_GLUON_WU_BWD", "1") != "0"
+
+
+def wu_backward(k, v, g, G, beta, Ai, dw, dv2, dk, dg_part, chunk_size, prec, idx):
+    """(dv, dbeta, dg) with dk completed in place: the Gluon kernel where GLUON_WU_BWD and it
+    applies, else wu_bwd; the same math (tests/test_gluon_wu_bwd.py)."""
+    if (GLUON_WU_BWD and Ai.dtype == torch.bfloat16
+            and gluon_tiles_apply(k, v, chunk_size, idx["cu_seqlens"])):
+        from gdn_fused.kernels.gluon_wu_bwd import wu_bwd_gluon
+        return wu_bwd_gluon(k, v, G, beta, Ai, dw, dv2, dk, dg_part, g.dtype)
+    return wu_bwd(k, v, g, beta, Ai, dw, dv2, dk, dg_part, chunk_size, dot_precision=prec,
+                  **idx)
 
 
 # The recompute of h and v_new on the forward's transposed Gluon chain (gluon_transposed.
@@ -130,6 +149,6 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, initial_state, do, dht, 
     dq, dk, dw, dg_part = dqkwg(q, k, v_new, h, dh, g, G, do, dv2, scale, chunk_size,
                                 chunk_offsets, prec, idx)
     del h, dh, v_new
-    dv, dbeta, dg = wu_bwd(k, v, g, beta, Ai, dw, dv2, dk, dg_part, chunk_size,
-                           dot_precision=prec, **idx)
+    dv, dbeta, dg = wu_backward(k, v, g, G, beta, Ai, dw, dv2, dk, dg_part, chunk_size, prec,
+                                idx)
     return group_sum(dq, H, q.dtype), group_sum(dk, H, k.dtype), dv, dg, dbeta, dh0

@@ -10,7 +10,7 @@ export PYTHONPATH=/tmp/site:$PWD
 nvidia-smi -L
 timeout ${T1:-220} python3 -m pytest -m gpu -q -s -rs ${TESTS:-tests/test_checkpoints.py} \
   ${KEXPR:+-k "$KEXPR"} > "$OUT/gpu_tests.log" 2>&1
-echo "tests rc $?"; grep -v "^\s*$" "$OUT/gpu_tests.log" | grep -i "gluon dqkwg\|passed\|failed\|error\|backward bf16" | tail -40
+echo "tests rc $?"; grep -v "^\s*$" "$OUT/gpu_tests.log" | grep -i "gluon\|wu_bwd\|passed\|failed\|error\|backward bf16" | tail -40
 if [ "${SWEEP:-1}" = 1 ]; then
   timeout ${T2:-130} python3 -m eval.bench --sweep bwd > "$OUT/sweep_bwd.log" 2>&1
   echo "sweep rc $?"; tail -4 "$OUT/sweep_bwd.log"

@@ -1,0 +1,318 @@
+"""wu_bwd (kernels/wu_bwd.py) as a persistent, warp-specialized Gluon kernel for Hopper (sm_90a):
+the same outputs (dV, dβ, the per-token dg, dK completed in place) from the same inputs, one
+CTA an SM looping over the work items (batch · value head fastest, then chunks) while a
+producer warp streams the next item's tiles by TMA into a two-stage ring.
+
+Why: the Triton kernel holds 252 registers a thread, two programs an SM, and runs at one stage
+(its pipelined form races, wu_bwd.STAGES), so each program waits for its loads, then computes,
+then stores: 1,148 µs at (1, 32768) on the H200 (session 15) against ~450 µs for its HBM
+traffic (k, v, dW, dV', dK in and dK, dV out: 16 KB each a chunk and value head, T 8 KB).
+Here every tile is a [64, 64] bf16 TMA box (K = V = 128 are two), a stage is 88 KB in two
+transactions: v and dV' (released once dV's store has read its staging tile, dV' own slot),
+then k, dW, T and dK's partial (released at the item's end).
+
+The math, per chunk and value head, with M1 = dW Kᵀ, M2 = dV' Vᵀ ([C, C], fp32 from bf16):
+
+    dT   = M1 diag(β e^G) + M2 diag(β)              (= dW (diag(β e^G) K)ᵀ + dU (diag(β) V)ᵀ)
+    dV   = diag(β) Tᵀ dV'
+    dβ_i = e^{G_i} Σ_j T_ji M1_ji + Σ_j T_ji M2_ji   (k_i·(Tᵀ dW)_i and v_i·(Tᵀ dU)_i as [C, C]
+                                                      column sums, not [C, 128] row sums)
+    a_i  = β_i e^{G_i} Σ_j T_ji M1_ji               (row terms of ∂L/∂G)
+    dA   = strictLower(−Tᵀ dT Tᵀ)                   (kernels/kkt_bwd.py)
+    E    = dA ⊙ Γ,  dβ_i += Σ_j E_ij (k_i·k_j),  R = diag(β) (E ⊙ K Kᵀ)
+    dK  += diag(β e^G) Tᵀ dW + F K + Fᵀ K,  F = diag(β) E
+    dg   = the partials of chunk_bwd_dqkwg + chunk_gate_bwd(a, R)
+
+diag(β) E K + Eᵀ diag(β) K (kkt_bwd.gated_kkt_bwd_keys) is F K + Fᵀ K with one rounding of
+F to bf16 (Fᵀ read from shared memory as a transposed operand, as gluon_dqkwg reads Pᵀ).
+The inverse's backward runs on the tensor cores in bf16: T is bf16 already (exact), dT and
+Tᵀ dT enter as high and low bf16 halves (~2⁻¹⁶ relative, finer than the Triton kernel's tf32);
+dg's reverse cumsums are gluon_dqkwg's product with a constant triangular tile. So the
+outputs are not the Triton kernel's bits; tests/test_gluon_wu_bwd.py bounds both against the
+same math in fp64.
+
+Scope: that of gluon_dqkwg (materialized.gluon_tiles_apply: dense batches where no chunk
+straddles two sequences, K = V = 128, chunk 64, bf16) with T in bf16 (the forward's and the
+backward's default). Math: flash-linear-attention's prepare_wy_repr_bwd
+(fla/ops/gated_delta_rule/wy_fast.py), docs/backward.md.
+"""
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                              warpgroup_mma, warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from gdn_fused.kernels import launch as direct
+from gdn_fused.kernels.chunk_index import sm_count
+from gdn_fused.kernels.gluon_dqkwg import _decay, _dg_of, _gate_bwd_product
+from gdn_fused.kernels.gluon_ring import (LOAD_REGS, LOAD_WARPS, accumulator_layout,
+                                          chunk_gates, descriptor_layout, ring_barriers,
+                                          ring_buffers, tile_bytes)
+
+CHUNK = 64
+HEAD_DIM = 128
+TILE = [CHUNK, CHUNK]  # every TMA box: 64 rows, 64 columns of 128 B (K, V = two boxes)
+STAGES = 2
+# the compute warpgroup and the producer warp (padded to 4): 8 warps, one CTA an SM
+MAXNREG = 240
+
+
+@gluon.jit
+def _item(item, NBH, HV: gl.constexpr):
+    """(batch row, value head, chunk) of work item ``item``: batch · value heads fastest, so
+    the items in flight cover whole token rows."""
+    i_bh = item % NBH
+    return i_bh // HV, i_bh % HV, item // NBH
+
+
+@gluon.jit
+def _producer(descs, bufs, bars, num_items, NBH, T, H: gl.constexpr, HV: gl.constexpr,
+              K: gl.constexpr, V: gl.constexpr):
+    """One warp: item j's tiles into stage j % STAGES in two transactions, each once the
+    compute warpgroup has released it: v and dV' (halves 2s, 2s + 1), then k, dW, dK's
+    partial (halves) and T."""
+    k_desc, v_desc, dw_desc, du_desc, dk_desc, t_desc = descs
+    k_bufs, v_bufs, dw_bufs, du_bufs, dk_bufs, t_bufs = bufs
+    ready_early, empty_early, ready_late, empty_late = bars
+    BT: gl.constexpr = t_desc.block_type.shape[0]
+    BH: gl.constexpr = k_desc.block_type.shape[1]
+    STAGES: gl.constexpr = t_bufs.type.shape[0]
+    early: gl.constexpr = 2 * tile_bytes((v_desc, du_desc))
+    late: gl.constexpr = 2 * tile_bytes((k_desc, dw_desc, dk_desc)) + tile_bytes((t_desc,))
+    j = 0
+    for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
+        i_b, i_hv, i_t = _item(item, NBH, HV)
+        s = j % STAGES
+        phase = ((j // STAGES) & 1) ^ 1
+        row = i_b * T + i_t * BT
+        kcol = (i_hv // (HV // H)) * K
+        mbarrier.wait(empty_early.index(s), phase)
+        bar = ready_early.index(s)
+        mbarrier.expect(bar, early)
+        for h in gl.static_range(2):
+            tma.async_copy_global_to_shared(v_desc, [row, i_hv * V + h * BH], bar,
+                                            v_bufs.index(2 * s + h))
+            tma.async_copy_global_to_shared(du_desc, [row, i_hv * V + h * BH], bar,
+                                            du_bufs.index(2 * s + h))
+        mbarrier.wait(empty_late.index(s), phase)
+        bar = ready_late.index(s)
+        mbarrier.expect(bar, late)
+        tma.async_copy_global_to_shared(t_desc, [row, i_hv * BT], bar, t_bufs.index(s))
+        for h in gl.static_range(2):
+            tma.async_copy_global_to_shared(k_desc, [row, kcol + h * BH], bar,
+                                            k_bufs.index(2 * s + h))
+            tma.async_copy_global_to_shared(dw_desc, [row, i_hv * K + h * BH], bar,
+                                            dw_bufs.index(2 * s + h))
+            tma.async_copy_global_to_shared(dk_desc, [row, i_hv * K + h * BH], bar,
+                                            dk_bufs.index(2 * s + h))
+        j += 1
+
+
+@gluon.jit
+def _split(x, a_op: gl.constexpr):
+    """fp32 x as bf16 high and low halves in the operand layout ``a_op`` (~2⁻¹⁶ relative)."""
+    hi = x.to(gl.bfloat16)
+    lo = (x - hi.to(gl.float32)).to(gl.bfloat16)
+    return gl.convert_layout(hi, a_op), gl.convert_layout(lo, a_op)
+
+
+@gluon.jit
+def _compute(bufs, bars, x_tiles, l_tile, dv_desc, dk_desc, G, beta, dg_part, s_dgp, dbeta, dg,
+             num_items, NBH, T, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
+             NKP: gl.constexpr):
+    """The compute warpgroup: this CTA's items j (stage j % STAGES). x_tiles: two [C, C] bf16
+    tiles: dT's halves, then F (in the first), then dK's two halves for their stores."""
+    k_bufs, v_bufs, dw_bufs, du_bufs, dk_bufs, t_bufs = bufs
+    ready_early, empty_early, ready_late, empty_late = bars
+    BT: gl.constexpr = t_bufs.type.shape[1]
+    BH: gl.constexpr = k_bufs.type.shape[2]
+    STAGES: gl.constexpr = t_bufs.type.shape[0]
+    gl.static_assert(BT == BH, "one [64, 64] accumulator layout for every product")
+    acc: gl.constexpr = accumulator_layout(BT)
+    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc, k_width=2)
+    rows: gl.constexpr = gl.SliceLayout(1, acc)
+    cols: gl.constexpr = gl.SliceLayout(0, acc)
+    o_t = gl.arange(0, BT, layout=rows)
+    o_j = gl.arange(0, BT, layout=cols)
+    zero = gl.zeros([BT, BT], gl.float32, acc)
+    x_a = x_tiles.index(0)
+    x_b = x_tiles.index(1)
+    # L_jt = [j < t], the constant operand of dg's product, once
+    l_tile.store(gl.where(o_t[:, None] < o_j[None, :], 1., 0.).to(gl.bfloat16))
+    fence_async_shared()
+    gl.thread_barrier()
+    j = 0
+    for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
+        i_b, i_hv, i_t = _item(item, NBH, HV)
+        s = j % STAGES
+        phase = (j // STAGES) & 1
+        bos = i_b * T
+        row = bos + i_t * BT
+        # the gates, β and dg's partials first: their load latency overlaps the stage's wait
+        valid, b_G, G_last = chunk_gates(G, bos, i_t, T, o_t, HV, i_hv)
+        b_beta = gl.load(beta + (row + o_t).to(gl.int64) * HV + i_hv, mask=valid,
+                         other=0.).to(gl.float32)
+        # (in the rows' layout: two values a thread, where the columns' holds sixteen)
+        b_dg = gl.zeros([BT], gl.float32, rows)
+        for p in gl.static_range(NKP):
+            b_dg += gl.load(dg_part + p * s_dgp + (row + o_t).to(gl.int64) * HV + i_hv,
+                            mask=valid, other=0.)
+        k0 = k_bufs.index(2 * s)
+        k1 = k_bufs.index(2 * s + 1)
+        dw0 = dw_bufs.index(2 * s)
+        dw1 = dw_bufs.index(2 * s + 1)
+        du0 = du_bufs.index(2 * s)
+        du1 = du_bufs.index(2 * s + 1)
+        t_s = t_bufs.index(s)
+        t_t = t_s.permute((1, 0))  # Tᵀ as an operand
+        mbarrier.wait(ready_early.index(s), phase)
+        mbarrier.wait(ready_late.index(s), phase)
+        # M1 = dW Kᵀ, M2 = dV' Vᵀ, Y = Tᵀ dV' (two halves of V), in flight together
+        M1 = warpgroup_mma(dw0, k0.permute((1, 0)), zero, use_acc=False, is_async=True)
+        M1 = warpgroup_mma(dw1, k1.permute((1, 0)), M1, is_async=True)
+        M2 = warpgroup_mma(du0, v_bufs.index(2 * s).permute((1, 0)), zero, use_acc=False,
+                           is_async=True)
+        M2 = warpgroup_mma(du1, v_bufs.index(2 * s + 1).permute((1, 0)), M2, is_async=True)
+        Y0 = warpgroup_mma(t_t, du0, zero, use_acc=False, is_async=True)
+        Y1 = warpgroup_mma(t_t, du1, zero, use_acc=False, is_async=True)
+        KK = warpgroup_mma(k0, k0.permute((1, 0)), zero, use_acc=False, is_async=True)
+        KK = warpgroup_mma(k1, k1.permute((1, 0)), KK, is_async=True)
+        b_eG = _decay(b_G, valid)
+        b_bg = b_beta * b_eG
+        Tf = t_s.load(acc).to(gl.float32)  # T_ji: rows j, columns i
+        M1, M2, Y0, Y1 = warpgroup_mma_wait(2, deps=[M1, M2, Y0, Y1])
+        # the row terms as column sums: Σ_j T_ji M1_ji = k_i·(Tᵀ dW)_i, and with M2 v_i·(Tᵀ dU)_i
+        r1 = gl.convert_layout(gl.sum(Tf * M1, 0), rows)
+        r2 = gl.convert_layout(gl.sum(Tf * M2, 0), rows)
+        b_db = r1 * b_eG + r2
+        b_a = r1 * b_bg
+        # dV = diag(β) Tᵀ dV', staged in dV''s own slot (every warp past the products' reads)
+        gl.thread_barrier()
+        du0.store((Y0 * b_beta[:, None]).to(gl.bfloat16))
+        du1.store((Y1 * b_beta[:, None]).to(gl.bfloat16))
+        fence_async_shared()
+        gl.thread_barrier()
+        tma.async_copy_shared_to_global(dv_desc, [row, i_hv * V], du0)
+        tma.async_copy_shared_to_global(dv_desc, [row, i_hv * V + BH], du1)
+        # dT (strictly lower, valid rows) into x_tiles as bf16 halves; the previous item's dK
+        # stores (the two before dV's) must have read those tiles
+        b_bj = gl.convert_layout(b_beta, cols)
+        strict = (o_t[:, None] > o_j[None, :]) & valid[:, None]
+        dT = gl.where(strict, (M1 * gl.convert_layout(b_eG, cols)[None, :] + M2)
+                      * b_bj[None, :], 0.)
+        tma.store_wait(2)
+        gl.thread_barrier()
+        d_hi = dT.to(gl.bfloat16)
+        x_a.store(d_hi)
+        x_b.store((dT - d_hi.to(gl.float32)).to(gl.bfloat16))
+        fence_async_shared()
+        gl.thread_barrier()
+        # Tᵀ dT, K Kᵀ and Tᵀ dW's halves (for dK; waited for at the end)
+        Z = warpgroup_mma(t_t, x_a, zero, use_acc=False, is_async=True)
+        Z = warpgroup_mma(t_t, x_b, Z, is_async=True)
+        KK, Z = warpgroup_mma_wait(0, deps=[KK, Z])
+        z_hi, z_lo = _split(Z, a_op)
+        dA = warpgroup_mma(z_hi, t_t, zero, use_acc=False, is_async=True)
+        dA = warpgroup_mma(z_lo, t_t, dA, is_async=True)
+        X0 = warpgroup_mma(t_t, dw0, zero, use_acc=False, is_async=True)
+        X1 = warpgroup_mma(t_t, dw1, zero, use_acc=False, is_async=True)
+        dA = warpgroup_mma_wait(2, deps=[dA])
+        # v and dV' are done with once dV's stores have read their slots
+        tma.store_wait(0)
+        gl.thread_barrier()
+        mbarrier.arrive(empty_early.index(s), count=1)
+        # dA = strictLower(−Tᵀ dT Tᵀ); E = dA ⊙ Γ; the gates' pair terms R through A
+        strict = (o_t[:, None] > o_j[None, :]) & valid[:, None]
+        diff = (b_G[:, None] - gl.convert_layout(b_G, cols)[None, :]).to(gl.float32)
+        E = gl.where(strict, -dA * gl.exp(gl.where(strict, diff, 0.)), 0.)
+        Ekk = E * KK
+        b_db += gl.sum(Ekk, 1)
+        D = _gate_bwd_product(Ekk * b_beta[:, None], l_tile, acc, a_op)
+        # F = diag(β) E once in bf16: F from registers and Fᵀ from x_a (Tᵀ dT's products have
+        # read it)
+        F = (E * b_beta[:, None]).to(gl.bfloat16)
+        x_a.store(F)
+        fence_async_shared()
+        gl.thread_barrier()
+        f_op = gl.convert_layout(F, a_op)
+        X0, X1 = warpgroup_mma_wait(1, deps=[X0, X1])
+        dK0 = X0 * b_bg[:, None] + dk_bufs.index(2 * s).load(acc).to(gl.float32)
+        dK0 = warpgroup_mma(f_op, k0, dK0, is_async=True)
+        dK0 = warpgroup_mma(x_a.permute((1, 0)), k0, dK0, is_async=True)
+        dK1 = X1 * b_bg[:, None] + dk_bufs.index(2 * s + 1).load(acc).to(gl.float32)
+        dK1 = warpgroup_mma(f_op, k1, dK1, is_async=True)
+        dK1 = warpgroup_mma(x_a.permute((1, 0)), k1, dK1, is_async=True)
+        D, dK0, dK1 = warpgroup_mma_wait(0, deps=[D, dK0, dK1])
+        # k, dW, T and dK's partial are read: every warp past them before the one arrive
+        gl.thread_barrier()
+        mbarrier.arrive(empty_late.index(s), count=1)
+        b_dg = gl.convert_layout(b_dg, cols) + _dg_of(D, b_a, o_t, o_j)
+        gl.store(dg + (row + o_j).to(gl.int64) * HV + i_hv, b_dg.to(dg.dtype.element_ty),
+                 mask=i_t * BT + o_j < T)
+        gl.store(dbeta + (row + o_t).to(gl.int64) * HV + i_hv,
+                 b_db.to(dbeta.dtype.element_ty), mask=valid)
+        # dK staged in x_tiles (F's products have run)
+        x_a.store(dK0.to(gl.bfloat16))
+        x_b.store(dK1.to(gl.bfloat16))
+        fence_async_shared()
+        gl.thread_barrier()
+        tma.async_copy_shared_to_global(dk_desc, [row, i_hv * K], x_a)
+        tma.async_copy_shared_to_global(dk_desc, [row, i_hv * K + BH], x_b)
+        j += 1
+    tma.store_wait(0)
+
+
+@gluon.jit
+def wu_bwd_gluon_kernel(k_desc, v_desc, dw_desc, du_desc, dk_desc, t_desc, dv_desc, G, beta,
+                        dg_part, s_dgp, dbeta, dg, num_items, NBH, T, H: gl.constexpr,
+                        HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
+                        NKP: gl.constexpr, STAGES: gl.constexpr):
+    """Grid (CTAs,): each loops over items pid, pid + CTAs, … of num_items (NBH = B·HV)."""
+    BT: gl.constexpr = t_desc.block_type.shape[0]
+    descs = (k_desc, v_desc, dw_desc, du_desc, dk_desc, t_desc)
+    # k, v, dW, dV' and dK's partial as two [C, 64] halves a stage, T as one tile
+    bufs = (ring_buffers(k_desc, 2 * STAGES), ring_buffers(v_desc, 2 * STAGES),
+            ring_buffers(dw_desc, 2 * STAGES), ring_buffers(du_desc, 2 * STAGES),
+            ring_buffers(dk_desc, 2 * STAGES), ring_buffers(t_desc, STAGES))
+    x_tiles = gl.allocate_shared_memory(t_desc.dtype, [2, BT, BT], t_desc.layout)
+    l_tile = gl.allocate_shared_memory(t_desc.dtype, [BT, BT], t_desc.layout)
+    ready_early, empty_early = ring_barriers(STAGES)
+    ready_late, empty_late = ring_barriers(STAGES)
+    bars = (ready_early, empty_early, ready_late, empty_late)
+    gl.warp_specialize([
+        (_compute, (bufs, bars, x_tiles, l_tile, dv_desc, dk_desc, G, beta, dg_part, s_dgp,
+                    dbeta, dg, num_items, NBH, T, HV, K, V, NKP)),
+        (_producer, (descs, bufs, bars, num_items, NBH, T, H, HV, K, V)),
+    ], [LOAD_WARPS], [LOAD_REGS])
+
+
+def wu_bwd_gluon(k, v, G, beta, Ai, dw, dv2, dk, dg_part, dg_dtype=torch.float32):
+    """wu_bwd's outputs where materialized.gluon_tiles_apply(k, v, 64, None) holds and T is
+    bf16 (the caller checks).
+
+    k [B, T, H, 128] bf16; v, dv2 (dV') [B, T, HV, 128] bf16; G [B, T, HV] fp64 (chunk_cumsum's
+    chunk-local cumsum of g); beta [B, T, HV] (any float dtype); Ai [B, T, HV, 64] bf16 (T);
+    dw [B, T, HV, 128] bf16; dk [B, T, HV, 128] bf16 partial, **completed in place**;
+    dg_part [NKP, B, T, HV] fp32 per-key-block partial dg (summed here). One CTA an SM.
+    Returns (dv like v, dbeta like beta, dg [B, T, HV] in ``dg_dtype``), as wu_bwd."""
+    B, T, H, K = k.shape
+    HV, V = v.shape[2], v.shape[3]
+    C = Ai.shape[3]
+    v, dw, dv2, Ai, beta, dg_part = (x.contiguous() for x in (v, dw, dv2, Ai, beta, dg_part))
+    dv = torch.empty_like(v)
+    dbeta = torch.empty_like(beta)
+    dg = torch.empty(beta.shape, dtype=dg_dtype, device=v.device)
+    layout = descriptor_layout(TILE)
+    views = (k.view(B * T, H * K), v.view(B * T, HV * V), dw.view(B * T, HV * K),
+             dv2.view(B * T, HV * V), dk.view(B * T, HV * K), Ai.view(B * T, HV * C),
+             dv.view(B * T, HV * V))
+    descs = [TensorDescriptor.from_tensor(x, TILE, layout) for x in views]
+    NT = triton.cdiv(T, CHUNK)
+    num_items = B * HV * NT
+    grid = (min(num_items, sm_count(v.device)),)
+    direct.launch(wu_bwd_gluon_kernel, grid, *descs, G, beta, dg_part, dg_part.stride(0), dbeta,
+                  dg, num_items, B * HV, T, H=H, HV=HV, K=K, V=V, NKP=dg_part.shape[0],
+                  STAGES=STAGES, num_warps=4, maxnreg=MAXNREG)
+    return dv, dbeta, dg
