@@ -501,6 +501,9 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS, device="cuda", dtype=t
         # the persistent warp-specialized Gluon form (kernels/gluon_wu_bwd.py; GPU only)
         "wu_bwd gluon": lambda **kw: wu_bwd_gluon(k, v, G, beta, Ai, dw, dv2, dk, dg_part,
                                                   g.dtype, **kw),
+        # two compute warpgroups on alternate items (gluon_wu_bwd.GROUPS)
+        "wu_bwd gluon, two compute groups": lambda: wu_bwd_gluon(
+            k, v, G, beta, Ai, dw, dv2, dk, dg_part, g.dtype, groups=2),
         # the GVA sums of dq and dk, and torch's expression they replaced (session 8; two passes
         # over fp32 partials then, one over the bf16 partials of session 9)
         "group_sum dq+dk": lambda: (group_sum(dq, H, q.dtype), group_sum(dk, H, k.dtype)),
@@ -508,7 +511,8 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS, device="cuda", dtype=t
             x.view(B, T, H, HV // H, DIM).sum(3).to(q.dtype) for x in (dq, dk)),
     }
     if not gluon_tiles_apply(q, do, CHUNK, None) or Ai.dtype != torch.bfloat16:
-        del kernels["chunk_bwd_dqkwg gluon"], kernels["wu_bwd gluon"]
+        for name in ("chunk_bwd_dqkwg gluon", "wu_bwd gluon", "wu_bwd gluon, two compute groups"):
+            del kernels[name]
     else:
         from gdn_fused.kernels.gluon_dqkwg import chunk_bwd_dqkwg_gluon
         from gdn_fused.kernels.gluon_wu_bwd import wu_bwd_gluon

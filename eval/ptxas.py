@@ -301,15 +301,17 @@ def _gluon_dqkwg():
     return chunk_bwd_dqkwg_gluon_kernel, sig, dict(H=16, HV=32, K=128, V=128, STAGES=STAGES)
 
 
-def _gluon_wu_bwd():
-    """The backward's W/U kernel in Gluon (kernels/gluon_wu_bwd.py)."""
+def _gluon_wu_bwd(groups=1):
+    """The backward's W/U kernel in Gluon (kernels/gluon_wu_bwd.py), with ``groups`` compute
+    warpgroups."""
     from gdn_fused.kernels.gluon_ring import descriptor_layout
     from gdn_fused.kernels.gluon_wu_bwd import STAGES, TILE, wu_bwd_gluon_kernel
     sig = {f"{n}_desc": tensordesc("bf16", TILE, descriptor_layout(TILE))
            for n in ("k", "v", "dw", "du", "dk", "t", "dv")}
     sig.update(G="*fp64", beta="*fp32", dg_part="*fp32", s_dgp="i32", dbeta="*fp32",
                dg="*fp32", num_items="i32", NBH="i32", T="i32")
-    return wu_bwd_gluon_kernel, sig, dict(H=16, HV=32, K=128, V=128, NKP=2, STAGES=STAGES)
+    return wu_bwd_gluon_kernel, sig, dict(H=16, HV=32, K=128, V=128, NKP=2, STAGES=STAGES,
+                                          GROUPS=groups)
 
 
 def _gluon_wu():
@@ -332,7 +334,7 @@ HOPPER_ONLY = ("chunk_state gluon (experimental)", "chunk_state+output gluon (ex
                "forward transposed gluon, W/U on chip",
                "forward transposed gluon, W/U on chip, checkpoints",
                "chunk_bwd_dqkwg gluon",
-               "wu_bwd gluon",
+               "wu_bwd gluon", "wu_bwd gluon, two compute groups",
                "segment maps transposed gluon, W/U on chip",
                "state pass storing h transposed gluon (experimental)",
                "state+output transposed gluon, two output groups")
@@ -345,6 +347,7 @@ def _kernels() -> dict:
     from gdn_fused.kernels.gluon_dqkwg import MAXNREG as DQKWG_MAXNREG
     from gdn_fused.kernels.gluon_state import MAXNREG
     from gdn_fused.kernels.gluon_wu_bwd import MAXNREG as WU_BWD_MAXNREG
+    from gdn_fused.kernels.gluon_wu_bwd import MAXNREG_GROUPS as WU_BWD_MAXNREG_GROUPS
     from gdn_fused.kernels.gluon_state_output import MAXNREG as FUSED_MAXNREG
     from gdn_fused.kernels.gluon_transposed import MAXNREG as T_MAXNREG
     from gdn_fused.kernels.gluon_transposed import MAXNREG_WU as T_MAXNREG_WU
@@ -379,6 +382,8 @@ def _kernels() -> dict:
             _gluon_transposed_wu_checkpoints, dict(num_warps=4, maxnreg=T_MAXNREG_WU)),
         "chunk_bwd_dqkwg gluon": (_gluon_dqkwg, dict(num_warps=4, maxnreg=DQKWG_MAXNREG)),
         "wu_bwd gluon": (_gluon_wu_bwd, dict(num_warps=4, maxnreg=WU_BWD_MAXNREG)),
+        "wu_bwd gluon, two compute groups": (lambda: _gluon_wu_bwd(2),
+                                             dict(num_warps=4, maxnreg=WU_BWD_MAXNREG_GROUPS)),
         "segment maps transposed gluon, W/U on chip": (
             lambda: _gluon_transposed_wu(False, True), dict(num_warps=4, maxnreg=T_MAXNREG_WU)),
         "state pass storing h transposed gluon (experimental)": (

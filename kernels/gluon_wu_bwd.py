@@ -57,6 +57,12 @@ TILE = [CHUNK, CHUNK]  # every TMA box: 64 rows, 64 columns of 128 B (K, V = two
 STAGES = 2
 # the compute warpgroup and the producer warp (padded to 4): 8 warps, one CTA an SM
 MAXNREG = 240
+# compute warpgroups taking alternate items (each a stage of its own); with two, 4 + 4 + 1
+# warps padded to 12 start at 65,536 / 384 = 170 registers, and setmaxnreg gives the second
+# GROUP_REGS, the first what the producer's 24 leave
+GROUPS = 1
+MAXNREG_GROUPS = 168
+GROUP_REGS = 232
 
 
 @gluon.jit
@@ -111,6 +117,23 @@ def _producer(descs, bufs, bars, num_items, NBH, T, H: gl.constexpr, HV: gl.cons
 
 
 @gluon.jit
+def _row_inputs(G, beta, dg_part, s_dgp, item, NBH, T, o_t, HV: gl.constexpr,
+                NKP: gl.constexpr):
+    """(valid rows, G fp64, β fp32, the sum of dg's NKP partials) of item ``item``'s chunk in
+    the rows' layout (two values a thread, where the columns' holds sixteen)."""
+    BT: gl.constexpr = o_t.shape[0]
+    i_b, i_hv, i_t = _item(item, NBH, HV)
+    bos = i_b * T
+    valid, b_G, _ = chunk_gates(G, bos, i_t, T, o_t, HV, i_hv)
+    offs = (bos + i_t * BT + o_t).to(gl.int64) * HV + i_hv
+    b_beta = gl.load(beta + offs, mask=valid, other=0.).to(gl.float32)
+    b_dg = gl.zeros_like(b_beta)
+    for p in gl.static_range(NKP):
+        b_dg += gl.load(dg_part + p * s_dgp + offs, mask=valid, other=0.)
+    return valid, b_G, b_beta, b_dg
+
+
+@gluon.jit
 def _split(x, a_op: gl.constexpr):
     """fp32 x as bf16 high and low halves in the operand layout ``a_op`` (~2⁻¹⁶ relative)."""
     hi = x.to(gl.bfloat16)
@@ -121,9 +144,11 @@ def _split(x, a_op: gl.constexpr):
 @gluon.jit
 def _compute(bufs, bars, x_tiles, l_tile, dv_desc, dk_desc, G, beta, dg_part, s_dgp, dbeta, dg,
              num_items, NBH, T, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
-             NKP: gl.constexpr):
-    """The compute warpgroup: this CTA's items j (stage j % STAGES). x_tiles: two [C, C] bf16
-    tiles: dT's halves, then F (in the first), then dK's two halves for their stores."""
+             NKP: gl.constexpr, group: gl.constexpr, GROUPS: gl.constexpr):
+    """A compute warpgroup: of this CTA's items jj (stage jj % STAGES) those with
+    jj % GROUPS == group. x_tiles: this group's two [C, C] bf16 tiles (2·group, 2·group + 1):
+    dT's halves, then F (in the first), then dK's two halves for their stores. l_tile is
+    written before the partitions start."""
     k_bufs, v_bufs, dw_bufs, du_bufs, dk_bufs, t_bufs = bufs
     ready_early, empty_early, ready_late, empty_late = bars
     BT: gl.constexpr = t_bufs.type.shape[1]
@@ -137,28 +162,23 @@ def _compute(bufs, bars, x_tiles, l_tile, dv_desc, dk_desc, G, beta, dg_part, s_
     o_t = gl.arange(0, BT, layout=rows)
     o_j = gl.arange(0, BT, layout=cols)
     zero = gl.zeros([BT, BT], gl.float32, acc)
-    x_a = x_tiles.index(0)
-    x_b = x_tiles.index(1)
-    # L_jt = [j < t], the constant operand of dg's product, once
-    l_tile.store(gl.where(o_t[:, None] < o_j[None, :], 1., 0.).to(gl.bfloat16))
-    fence_async_shared()
-    gl.thread_barrier()
+    x_a = x_tiles.index(2 * group)
+    x_b = x_tiles.index(2 * group + 1)
+    step = GROUPS * gl.num_programs(0)
+    first = gl.program_id(0) + group * gl.num_programs(0)
+    # the gates, β and dg's partials of an item are loaded during the item before (global
+    # loads: their latency would otherwise follow a ring wait that found its stage full)
+    valid, b_G, b_beta, b_dg = _row_inputs(G, beta, dg_part, s_dgp,
+                                           gl.minimum(first, num_items - 1), NBH, T, o_t, HV,
+                                           NKP)
     j = 0
-    for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
+    for item in range(first, num_items, step):
         i_b, i_hv, i_t = _item(item, NBH, HV)
-        s = j % STAGES
-        phase = (j // STAGES) & 1
+        jj = j * GROUPS + group
+        s = jj % STAGES
+        phase = (jj // STAGES) & 1
         bos = i_b * T
         row = bos + i_t * BT
-        # the gates, β and dg's partials first: their load latency overlaps the stage's wait
-        valid, b_G, G_last = chunk_gates(G, bos, i_t, T, o_t, HV, i_hv)
-        b_beta = gl.load(beta + (row + o_t).to(gl.int64) * HV + i_hv, mask=valid,
-                         other=0.).to(gl.float32)
-        # (in the rows' layout: two values a thread, where the columns' holds sixteen)
-        b_dg = gl.zeros([BT], gl.float32, rows)
-        for p in gl.static_range(NKP):
-            b_dg += gl.load(dg_part + p * s_dgp + (row + o_t).to(gl.int64) * HV + i_hv,
-                            mask=valid, other=0.)
         k0 = k_bufs.index(2 * s)
         k1 = k_bufs.index(2 * s + 1)
         dw0 = dw_bufs.index(2 * s)
@@ -181,8 +201,8 @@ def _compute(bufs, bars, x_tiles, l_tile, dv_desc, dk_desc, G, beta, dg_part, s_
         KK = warpgroup_mma(k1, k1.permute((1, 0)), KK, is_async=True)
         b_eG = _decay(b_G, valid)
         b_bg = b_beta * b_eG
-        Tf = t_s.load(acc).to(gl.float32)  # T_ji: rows j, columns i
         M1, M2, Y0, Y1 = warpgroup_mma_wait(2, deps=[M1, M2, Y0, Y1])
+        Tf = t_s.load(acc).to(gl.float32)  # T_ji: rows j, columns i
         # the row terms as column sums: Σ_j T_ji M1_ji = k_i·(Tᵀ dW)_i, and with M2 v_i·(Tᵀ dU)_i
         r1 = gl.convert_layout(gl.sum(Tf * M1, 0), rows)
         r2 = gl.convert_layout(gl.sum(Tf * M2, 0), rows)
@@ -244,6 +264,9 @@ def _compute(bufs, bars, x_tiles, l_tile, dv_desc, dk_desc, G, beta, dg_part, s_
         dK1 = X1 * b_bg[:, None] + dk_bufs.index(2 * s + 1).load(acc).to(gl.float32)
         dK1 = warpgroup_mma(f_op, k1, dK1, is_async=True)
         dK1 = warpgroup_mma(x_a.permute((1, 0)), k1, dK1, is_async=True)
+        n_valid, n_G, n_beta, n_dg = _row_inputs(G, beta, dg_part, s_dgp,
+                                                 gl.minimum(item + step, num_items - 1), NBH,
+                                                 T, o_t, HV, NKP)
         D, dK0, dK1 = warpgroup_mma_wait(0, deps=[D, dK0, dK1])
         # k, dW, T and dK's partial are read: every warp past them before the one arrive
         gl.thread_barrier()
@@ -260,6 +283,7 @@ def _compute(bufs, bars, x_tiles, l_tile, dv_desc, dk_desc, G, beta, dg_part, s_
         gl.thread_barrier()
         tma.async_copy_shared_to_global(dk_desc, [row, i_hv * K], x_a)
         tma.async_copy_shared_to_global(dk_desc, [row, i_hv * K + BH], x_b)
+        valid, b_G, b_beta, b_dg = n_valid, n_G, n_beta, n_dg
         j += 1
     tma.store_wait(0)
 
@@ -268,27 +292,46 @@ def _compute(bufs, bars, x_tiles, l_tile, dv_desc, dk_desc, G, beta, dg_part, s_
 def wu_bwd_gluon_kernel(k_desc, v_desc, dw_desc, du_desc, dk_desc, t_desc, dv_desc, G, beta,
                         dg_part, s_dgp, dbeta, dg, num_items, NBH, T, H: gl.constexpr,
                         HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
-                        NKP: gl.constexpr, STAGES: gl.constexpr):
-    """Grid (CTAs,): each loops over items pid, pid + CTAs, … of num_items (NBH = B·HV)."""
+                        NKP: gl.constexpr, STAGES: gl.constexpr, GROUPS: gl.constexpr = 1,
+                        GROUP_REGS: gl.constexpr = 240):
+    """Grid (CTAs,): each loops over items pid, pid + CTAs, … of num_items (NBH = B·HV);
+    GROUPS compute warpgroups take alternate items (a second one at GROUP_REGS registers)."""
     BT: gl.constexpr = t_desc.block_type.shape[0]
+    gl.static_assert(GROUPS == 1 or GROUPS == STAGES, "a stage a compute warpgroup")
     descs = (k_desc, v_desc, dw_desc, du_desc, dk_desc, t_desc)
     # k, v, dW, dV' and dK's partial as two [C, 64] halves a stage, T as one tile
     bufs = (ring_buffers(k_desc, 2 * STAGES), ring_buffers(v_desc, 2 * STAGES),
             ring_buffers(dw_desc, 2 * STAGES), ring_buffers(du_desc, 2 * STAGES),
             ring_buffers(dk_desc, 2 * STAGES), ring_buffers(t_desc, STAGES))
-    x_tiles = gl.allocate_shared_memory(t_desc.dtype, [2, BT, BT], t_desc.layout)
+    x_tiles = gl.allocate_shared_memory(t_desc.dtype, [2 * GROUPS, BT, BT], t_desc.layout)
+    # L_jt = [j < t], the constant operand of dg's product, once for every compute warpgroup
+    # (warp_specialize's entry barrier publishes it)
     l_tile = gl.allocate_shared_memory(t_desc.dtype, [BT, BT], t_desc.layout)
+    acc: gl.constexpr = accumulator_layout(BT)
+    o_t = gl.arange(0, BT, layout=gl.SliceLayout(1, acc))
+    o_j = gl.arange(0, BT, layout=gl.SliceLayout(0, acc))
+    l_tile.store(gl.where(o_t[:, None] < o_j[None, :], 1., 0.).to(gl.bfloat16))
+    fence_async_shared()
     ready_early, empty_early = ring_barriers(STAGES)
     ready_late, empty_late = ring_barriers(STAGES)
     bars = (ready_early, empty_early, ready_late, empty_late)
-    gl.warp_specialize([
-        (_compute, (bufs, bars, x_tiles, l_tile, dv_desc, dk_desc, G, beta, dg_part, s_dgp,
-                    dbeta, dg, num_items, NBH, T, HV, K, V, NKP)),
-        (_producer, (descs, bufs, bars, num_items, NBH, T, H, HV, K, V)),
-    ], [LOAD_WARPS], [LOAD_REGS])
+    if GROUPS == 1:
+        gl.warp_specialize([
+            (_compute, (bufs, bars, x_tiles, l_tile, dv_desc, dk_desc, G, beta, dg_part, s_dgp,
+                        dbeta, dg, num_items, NBH, T, HV, K, V, NKP, 0, 1)),
+            (_producer, (descs, bufs, bars, num_items, NBH, T, H, HV, K, V)),
+        ], [LOAD_WARPS], [LOAD_REGS])
+    else:
+        gl.warp_specialize([
+            (_compute, (bufs, bars, x_tiles, l_tile, dv_desc, dk_desc, G, beta, dg_part, s_dgp,
+                        dbeta, dg, num_items, NBH, T, HV, K, V, NKP, 0, 2)),
+            (_compute, (bufs, bars, x_tiles, l_tile, dv_desc, dk_desc, G, beta, dg_part, s_dgp,
+                        dbeta, dg, num_items, NBH, T, HV, K, V, NKP, 1, 2)),
+            (_producer, (descs, bufs, bars, num_items, NBH, T, H, HV, K, V)),
+        ], [4, LOAD_WARPS], [GROUP_REGS, LOAD_REGS])
 
 
-def wu_bwd_gluon(k, v, G, beta, Ai, dw, dv2, dk, dg_part, dg_dtype=torch.float32):
+def wu_bwd_gluon(k, v, G, beta, Ai, dw, dv2, dk, dg_part, dg_dtype=torch.float32, groups=None):
     """wu_bwd's outputs where materialized.gluon_tiles_apply(k, v, 64, None) holds and T is
     bf16 (the caller checks).
 
@@ -312,7 +355,9 @@ def wu_bwd_gluon(k, v, G, beta, Ai, dw, dv2, dk, dg_part, dg_dtype=torch.float32
     NT = triton.cdiv(T, CHUNK)
     num_items = B * HV * NT
     grid = (min(num_items, sm_count(v.device)),)
+    groups = groups or GROUPS
     direct.launch(wu_bwd_gluon_kernel, grid, *descs, G, beta, dg_part, dg_part.stride(0), dbeta,
                   dg, num_items, B * HV, T, H=H, HV=HV, K=K, V=V, NKP=dg_part.shape[0],
-                  STAGES=STAGES, num_warps=4, maxnreg=MAXNREG)
+                  STAGES=STAGES, GROUPS=groups, GROUP_REGS=GROUP_REGS, num_warps=4,
+                  maxnreg=MAXNREG if groups == 1 else MAXNREG_GROUPS)
     return dv, dbeta, dg

@@ -85,11 +85,13 @@ def inputs(B, T, H, HV, gate):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("groups", [1, 2])
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_matches_fp64_and_wu_bwd(case):
+def test_matches_fp64_and_wu_bwd(case, groups):
     """dk, dv (bf16) and dβ, dg (fp32) within 1.25× the Triton kernel's error against the fp64
     math (plus 1e-5) and within absolute bounds (5e-3 for the bf16 outputs, 1e-3 for the fp32
-    ones); the same bits run to run; dk's partial completed in place."""
+    ones); the same bits run to run; dk's partial completed in place. With one compute
+    warpgroup and with two on alternate items (``groups``)."""
     from gdn_fused.kernels.gluon_wu_bwd import wu_bwd_gluon
     from gdn_fused.kernels.materialized import gluon_tiles_apply
     from gdn_fused.kernels.wu_bwd import wu_bwd
@@ -101,11 +103,11 @@ def test_matches_fp64_and_wu_bwd(case):
     dv_t, db_t, dg_t = wu_bwd(k, v, g, beta, Ai, dw, dv2, dk_t, dg_part, 64,
                               dot_precision="tf32")
     dk_g = dk.clone()
-    dv_g, db_g, dg_g = wu_bwd_gluon(k, v, G, beta, Ai, dw, dv2, dk_g, dg_part, g.dtype)
+    dv_g, db_g, dg_g = wu_bwd_gluon(k, v, G, beta, Ai, dw, dv2, dk_g, dg_part, g.dtype, groups)
     names = ("dk", "dv", "dbeta", "dg")
     err_t = {n: rel_err(x, r) for n, x, r in zip(names, (dk_t, dv_t, db_t, dg_t), ref)}
     err_g = {n: rel_err(x, r) for n, x, r in zip(names, (dk_g, dv_g, db_g, dg_g), ref)}
-    print(f"wu_bwd {case[0]} vs fp64: triton " + " ".join(f"{n} {e:.1e}" for n, e in
+    print(f"wu_bwd {case[0]} groups={groups} vs fp64: triton " + " ".join(f"{n} {e:.1e}" for n, e in
                                                          err_t.items())
           + " | gluon " + " ".join(f"{n} {e:.1e}" for n, e in err_g.items()))
     assert all(torch.isfinite(x).all() for x in (dk_g, dv_g, db_g, dg_g))
@@ -114,7 +116,7 @@ def test_matches_fp64_and_wu_bwd(case):
         assert err_g[n] <= (5e-3 if n in ("dk", "dv") else 1e-3), (n, err_g)
     assert dv_g.dtype == v.dtype and db_g.dtype == beta.dtype and dg_g.dtype == g.dtype
     dk_again = dk.clone()
-    again = wu_bwd_gluon(k, v, G, beta, Ai, dw, dv2, dk_again, dg_part, g.dtype)
+    again = wu_bwd_gluon(k, v, G, beta, Ai, dw, dv2, dk_again, dg_part, g.dtype, groups)
     assert torch.equal(dk_again, dk_g)
     assert all(torch.equal(a, b) for a, b in zip(again, (dv_g, db_g, dg_g)))
 
