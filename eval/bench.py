@@ -490,6 +490,9 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS, device="cuda", dtype=t
         "chunk_bwd_state": lambda **kw: chunk_bwd_state(
             q, k, w, g, do, dv_local, scale, dht, h0, CHUNK, N, chunk_offsets=offsets,
             num_chunks=idx["num_chunks"], dot_precision=prec, **kw),
+        # the transposed Gluon chain (kernels/gluon_bwd_state.py; GPU only)
+        "chunk_bwd_state transposed gluon": lambda: chunk_bwd_state_t(
+            q, k, w, gate_rows, do, dv_local, scale, dht, h0),
         "chunk_bwd_dqkwg": lambda **kw: chunk_bwd_dqkwg(
             q, k, v_new, h, dh, g, do, dv2, scale, CHUNK, chunk_offsets=offsets,
             dot_precision=prec, **idx, **kw),
@@ -511,11 +514,17 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS, device="cuda", dtype=t
             x.view(B, T, H, HV // H, DIM).sum(3).to(q.dtype) for x in (dq, dk)),
     }
     if not gluon_tiles_apply(q, do, CHUNK, None) or Ai.dtype != torch.bfloat16:
-        for name in ("chunk_bwd_dqkwg gluon", "wu_bwd gluon", "wu_bwd gluon, two compute groups"):
+        for name in ("chunk_bwd_dqkwg gluon", "wu_bwd gluon", "wu_bwd gluon, two compute groups",
+                     "chunk_bwd_state transposed gluon"):
             del kernels[name]
     else:
         from gdn_fused.kernels.gluon_dqkwg import chunk_bwd_dqkwg_gluon
         from gdn_fused.kernels.gluon_wu_bwd import wu_bwd_gluon
+        from gdn_fused.kernels.gluon_bwd_state import chunk_bwd_state_t
+        _, gate_rows = chunk_cumsum(g, CHUNK, gate_rows=[])
+        got = chunk_bwd_state_t(q, k, w, gate_rows, do, dv_local, scale, dht, h0)
+        print("bwd state gluon vs triton (dh, dv2), rel:",
+              [f"{rel_diff(a, b):.2e}" for a, b in zip(got[:2], (dh, dv2))], flush=True)
         # their outputs against the Triton kernels', printed with the times (wu_bwd completes
         # its dk in place: each from a copy)
         got = chunk_bwd_dqkwg_gluon(q, k, v_new, h, dh, G, do, dv2, scale)

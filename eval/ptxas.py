@@ -314,6 +314,21 @@ def _gluon_wu_bwd(groups=1):
                                           GROUPS=groups)
 
 
+def _gluon_bwd_state():
+    """The backward's reverse state pass in Gluon (kernels/gluon_bwd_state.py)."""
+    from gdn_fused.kernels.gluon_bwd_state import (DESCRIPTOR_BLOCKS, STAGES,
+                                                   chunk_bwd_state_t_kernel)
+    from gdn_fused.kernels.gluon_ring import descriptor_layout
+    from gdn_fused.kernels.gluon_transposed import GATE_LAYOUT
+    sig = {f"{n}_desc": (tensordesc("fp64", b, GATE_LAYOUT) if n == "g" else
+                         tensordesc("bf16", b, descriptor_layout(b)))
+           for n, b in DESCRIPTOR_BLOCKS.items()}
+    sig.update(dht="*fp32", dh0="*fp32", scale="fp32", T="i32")
+    return chunk_bwd_state_t_kernel, sig, dict(H=16, HV=32, K=128, V=128,
+                                               USE_FINAL_STATE_GRAD=True,
+                                               STORE_INITIAL_STATE_GRAD=True, STAGES=STAGES)
+
+
 def _gluon_wu():
     from gdn_fused.kernels.gluon_ring import descriptor_layout
     from gdn_fused.kernels.gluon_wu import DESCRIPTOR_BLOCKS, wu_gluon_kernel
@@ -335,6 +350,7 @@ HOPPER_ONLY = ("chunk_state gluon (experimental)", "chunk_state+output gluon (ex
                "forward transposed gluon, W/U on chip, checkpoints",
                "chunk_bwd_dqkwg gluon",
                "wu_bwd gluon", "wu_bwd gluon, two compute groups",
+               "chunk_bwd_state transposed gluon",
                "segment maps transposed gluon, W/U on chip",
                "state pass storing h transposed gluon (experimental)",
                "state+output transposed gluon, two output groups")
@@ -347,6 +363,7 @@ def _kernels() -> dict:
     from gdn_fused.kernels.gluon_dqkwg import MAXNREG as DQKWG_MAXNREG
     from gdn_fused.kernels.gluon_state import MAXNREG
     from gdn_fused.kernels.gluon_wu_bwd import MAXNREG as WU_BWD_MAXNREG
+    from gdn_fused.kernels.gluon_bwd_state import MAXNREG as BWD_STATE_MAXNREG
     from gdn_fused.kernels.gluon_wu_bwd import MAXNREG_GROUPS as WU_BWD_MAXNREG_GROUPS
     from gdn_fused.kernels.gluon_state_output import MAXNREG as FUSED_MAXNREG
     from gdn_fused.kernels.gluon_transposed import MAXNREG as T_MAXNREG
@@ -382,6 +399,8 @@ def _kernels() -> dict:
             _gluon_transposed_wu_checkpoints, dict(num_warps=4, maxnreg=T_MAXNREG_WU)),
         "chunk_bwd_dqkwg gluon": (_gluon_dqkwg, dict(num_warps=4, maxnreg=DQKWG_MAXNREG)),
         "wu_bwd gluon": (_gluon_wu_bwd, dict(num_warps=4, maxnreg=WU_BWD_MAXNREG)),
+        "chunk_bwd_state transposed gluon": (_gluon_bwd_state,
+                                             dict(num_warps=4, maxnreg=BWD_STATE_MAXNREG)),
         "wu_bwd gluon, two compute groups": (lambda: _gluon_wu_bwd(2),
                                              dict(num_warps=4, maxnreg=WU_BWD_MAXNREG_GROUPS)),
         "segment maps transposed gluon, W/U on chip": (

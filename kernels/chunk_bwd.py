@@ -13,8 +13,8 @@ everything but the output kernel), then runs four kernels:
     dK, dV, dβ, dg      = wu_bwd               (parallel; through W, U, T, A, and the reverse
                                                 cumsum to per-token dg)  kernels/wu_bwd.py
 
-(the last two as persistent warp-specialized Gluon kernels on Hopper where they apply:
-kernels/gluon_dqkwg.py, kernels/gluon_wu_bwd.py), then sums dQ and dK over the value heads
+(on Hopper, where they apply, the last three as warp-specialized Gluon kernels:
+kernels/gluon_bwd_state.py, kernels/gluon_dqkwg.py, kernels/gluon_wu_bwd.py), then sums dQ and dK over the value heads
 that share a q/k head (GVA, kernels/group_sum.py).
 Derivation and the precision of every intermediate: docs/backward.md.
 
@@ -78,6 +78,30 @@ def wu_backward(k, v, g, G, beta, Ai, dw, dv2, dk, dg_part, chunk_size, prec, id
                   **idx)
 
 
+# the reverse state pass on a transposed Gluon chain (kernels/gluon_bwd_state.py) where it
+# applies (materialized.gluon_tiles_apply), else chunk_bwd_state. GDN_GLUON_BWD_STATE=0 keeps
+# the Triton kernel (A/B timing)
+GLUON_BWD_STATE = os.environ.get("GDN_GLUON_BWD_STATE", "1") != "0"
+
+
+def reverse_states(q, k, w, g, gate_rows, do, dv_local, scale, dht, initial_state, chunk_size,
+                   N, cu_seqlens, chunk_offsets, num_chunks, prec):
+    """(dh, dv2, dh0): the Gluon kernel where ``gate_rows`` (chunk_cumsum's, given where
+    :func:`uses_gluon_bwd_state`) are given, else chunk_bwd_state; the same math
+    (tests/test_gluon_bwd_state.py)."""
+    if gate_rows is not None:
+        from gdn_fused.kernels.gluon_bwd_state import chunk_bwd_state_t
+        return chunk_bwd_state_t(q, k, w, gate_rows, do, dv_local, scale, dht, initial_state)
+    return chunk_bwd_state(q, k, w, g, do, dv_local, scale, dht, initial_state, chunk_size, N,
+                           cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets,
+                           num_chunks=num_chunks, dot_precision=prec)
+
+
+def uses_gluon_bwd_state(q, do, chunk_size, cu_seqlens):
+    """Whether the reverse state pass runs as kernels/gluon_bwd_state.py's kernel."""
+    return GLUON_BWD_STATE and gluon_tiles_apply(q, do, chunk_size, cu_seqlens)
+
+
 # The recompute of h and v_new on the forward's transposed Gluon chain (gluon_transposed.
 # chunk_state_t) where the forward runs that kernel: bit-identical to chunk_state (GPU
 # tests), but slower on the H200 (1,170 vs 664 µs at (1, 32768), 607 vs 423 at (8, 4096);
@@ -132,7 +156,11 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, initial_state, do, dht, 
     # recompute the forward's intermediates with its kernels and T's storage dtype (the same
     # W, U, h and v_new as a default materialized forward; always the stable blocked inverse,
     # whatever solve_method the forward ran)
-    G = chunk_cumsum(g, chunk_size, **idx)
+    gate_rows = None
+    if uses_gluon_bwd_state(q, do, chunk_size, cu_seqlens):
+        G, gate_rows = chunk_cumsum(g, chunk_size, gate_rows=[], **idx)
+    else:
+        G = chunk_cumsum(g, chunk_size, **idx)
     if Ai is None:
         Ai = chunk_inverse(k, G, beta, HV, chunk_size, default_inverse_dtype(q.dtype), **idx)
     w, u = recompute_w_u(k, v, G, beta, Ai, dot_precision=prec, **idx)
@@ -141,10 +169,9 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, initial_state, do, dht, 
     del u
     # the backward proper
     dv_local = chunk_bwd_dv_local(q, k, g, do, scale, chunk_size, dot_precision=prec, **idx)
-    dh, dv2, dh0 = chunk_bwd_state(q, k, w, g, do, dv_local, scale, dht, initial_state,
-                                   chunk_size, N, cu_seqlens=cu_seqlens,
-                                   chunk_offsets=chunk_offsets, num_chunks=idx["num_chunks"],
-                                   dot_precision=prec)
+    dh, dv2, dh0 = reverse_states(q, k, w, g, gate_rows, do, dv_local, scale, dht,
+                                  initial_state, chunk_size, N, cu_seqlens, chunk_offsets,
+                                  idx["num_chunks"], prec)
     del dv_local
     dq, dk, dw, dg_part = dqkwg(q, k, v_new, h, dh, g, G, do, dv2, scale, chunk_size,
                                 chunk_offsets, prec, idx)

@@ -1,0 +1,205 @@
+"""The backward's reverse state recurrence (kernels/chunk_bwd_state.py) as a warp-specialized
+Gluon kernel for Hopper (sm_90a) with the state gradient held *transposed*, as the forward's
+chain in kernels/gluon_transposed.py: the same outputs (dh, dV' "dv2", dh0) from the same
+inputs.
+
+Per sequence, value head and block of BV = 64 value columns, over chunks c in reverse, with
+dHᵀ [BV, K] the gradient of the state leaving chunk c (fp32, registers):
+
+    store dh_c = dH                                                       (bf16)
+    dV'ᵀ = dV'_localᵀ + (dHᵀ Kᵀ) D_{e^{G_C − G}}                          (stored bf16: dv2)
+    dHᵀ ← e^{G_C} dHᵀ + (dOᵀ D_{scale·e^G}) Q − dV'ᵀ W
+
+Why transposed: in chunk_bwd_state the running dh is the *right* operand of K dh and its
+update's products take dV' on the right too, which warpgroup MMA reads only from shared
+memory; with dHᵀ on the left both chained products take their left operand from registers
+(bf16 of the fp32 accumulator, converted in place), and the chunk's third product,
+(dOᵀ D) Q, does not depend on the chain: it is issued first, into the accumulator e^{G_C} dHᵀ.
+One producer warp streams the chunk's k, q, w (all K columns), dO and dV'_local (this
+block's columns) and its row of G by TMA into a two-stage ring, in reverse chunk order; the
+chain stages dh_c and dV' in shared memory through transposed views and stores them by TMA
+(two staging tiles each, so a store waits only for the one two chunks back).
+
+The roundings are chunk_bwd_state's (dh and dV' rounded to bf16 for their products, dO·e^G to
+bf16, fp32 accumulation); the accumulation order differs (the three terms of the update are
+one accumulator here), so the bits may differ in the last place.
+
+Scope: that of the forward's transposed kernels (materialized.gluon_tiles_apply: dense
+batches where no chunk straddles two sequences, K = V = 128, chunk 64, bf16). Math: the
+chunkwise Gated DeltaNet backward (docs/backward.md; flash-linear-attention's
+chunk_gated_delta_rule_bwd_dhu).
+"""
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                              warpgroup_mma, warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from gdn_fused.kernels import launch as direct
+from gdn_fused.kernels.gluon_ring import (LOAD_REGS, LOAD_WARPS, accumulator_layout,
+                                          descriptor_layout, ring_barriers, ring_buffers,
+                                          tile_bytes)
+from gdn_fused.kernels.gluon_transposed import (GATE_LAYOUT, _chunk_decay, _gate_row,
+                                                _state_tile_t)
+
+CHUNK = 64
+HEAD_DIM = 128
+BV = 64  # value rows of dHᵀ a program: wgmma's M, one warpgroup
+STAGES = 2
+DESCRIPTOR_BLOCKS = dict(k=[CHUNK, HEAD_DIM], q=[CHUNK, HEAD_DIM], w=[CHUNK, HEAD_DIM],
+                         do=[CHUNK, BV], dvl=[CHUNK, BV], g=[1, CHUNK], dv2=[CHUNK, BV],
+                         dh=[HEAD_DIM, BV])
+# the chain's warpgroup and the producer warp (padded to 4): 8 warps
+MAXNREG = 240
+
+
+@gluon.jit
+def _producer(descs, bufs, ready, empty, row0, NT, kcol, wcol, vcol, g_row):
+    """One warp: chunk NT − 1 − j's tiles into stage j % STAGES once the chain released it."""
+    k_desc, q_desc, w_desc, do_desc, dvl_desc, g_desc = descs
+    BT: gl.constexpr = k_desc.block_type.shape[0]
+    STAGES: gl.constexpr = bufs[0].type.shape[0]
+    nbytes: gl.constexpr = tile_bytes(descs)
+    for j in range(NT):
+        i_t = NT - 1 - j
+        s = j % STAGES
+        mbarrier.wait(empty.index(s), ((j // STAGES) & 1) ^ 1)
+        bar = ready.index(s)
+        mbarrier.expect(bar, nbytes)
+        row = row0 + i_t * BT
+        tma.async_copy_global_to_shared(k_desc, [row, kcol], bar, bufs[0].index(s))
+        tma.async_copy_global_to_shared(q_desc, [row, kcol], bar, bufs[1].index(s))
+        tma.async_copy_global_to_shared(w_desc, [row, wcol], bar, bufs[2].index(s))
+        tma.async_copy_global_to_shared(do_desc, [row, vcol], bar, bufs[3].index(s))
+        tma.async_copy_global_to_shared(dvl_desc, [row, vcol], bar, bufs[4].index(s))
+        tma.async_copy_global_to_shared(g_desc, [g_row, i_t * BT], bar, bufs[5].index(s))
+
+
+@gluon.jit
+def _chain(bufs, ready, empty, dh_tiles, dv_tiles, dh_desc, dv2_desc, dht, dh0, scale, T, NT,
+           i_n, i_hv, i_v, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
+           USE_FINAL_STATE_GRAD: gl.constexpr, STORE_INITIAL_STATE_GRAD: gl.constexpr):
+    """The reverse recurrence of one (sequence, value head, value block)."""
+    k_bufs, q_bufs, w_bufs, do_bufs, dvl_bufs, g_bufs = bufs
+    BT: gl.constexpr = k_bufs.type.shape[1]
+    BVr: gl.constexpr = do_bufs.type.shape[2]
+    STAGES: gl.constexpr = k_bufs.type.shape[0]
+    acc_k: gl.constexpr = accumulator_layout(K)    # dHᵀ [BV, K]
+    acc_t: gl.constexpr = accumulator_layout(BT)   # dHᵀ Kᵀ, dV'ᵀ [BV, C]
+    a_t: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_t, k_width=2)
+    a_k: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_k, k_width=2)
+    if USE_FINAL_STATE_GRAD:
+        dH = gl.load(_state_tile_t(dht, i_n, i_hv, i_v, HV, K, V, BVr, acc_k))
+    else:
+        dH = gl.zeros([BVr, K], gl.float32, acc_k)
+    o_c = gl.arange(0, BT, layout=gl.SliceLayout(0, acc_t))
+    col = i_hv * V + i_v * BVr
+    for j in range(NT):
+        i_t = NT - 1 - j
+        s = j % STAGES
+        mbarrier.wait(ready.index(s), (j // STAGES) & 1)
+        d16 = dH.to(gl.bfloat16)
+        d_op = gl.convert_layout(d16, a_t)
+        X = warpgroup_mma(d_op, k_bufs.index(s).permute((1, 0)),
+                          gl.zeros([BVr, BT], gl.float32, acc_t), use_acc=False, is_async=True)
+        b_G = _gate_row(g_bufs, s, 0).load(gl.SliceLayout(0, acc_t))
+        decay, gam = _chunk_decay(b_G, i_t, T, o_c)
+        valid = i_t * BT + o_c < T
+        e_g = gl.where(valid, gl.exp(gl.where(valid, b_G, 0.).to(gl.float32)), 0.) * scale
+        # (dOᵀ D_{scale·e^G}) Q into e^{G_C} dHᵀ: independent of the chain's first product
+        do_t = do_bufs.index(s).permute((1, 0)).load(acc_t).to(gl.float32)
+        o_op = gl.convert_layout((do_t * e_g[None, :]).to(gl.bfloat16), a_k)
+        S = warpgroup_mma(o_op, q_bufs.index(s), dH * gam, is_async=True)
+        # dh_c staged for its store, transposed to [K, BV] (the tile's store two chunks back
+        # must have read it: two stores a chunk)
+        tile = j % 2
+        tma.store_wait(2)
+        gl.thread_barrier()
+        dh_tiles.index(tile).permute((1, 0)).store(d16)
+        X, d_op = warpgroup_mma_wait(1, deps=[X, d_op])
+        dv = dvl_bufs.index(s).permute((1, 0)).load(acc_t).to(gl.float32) + X * decay[None, :]
+        dv16 = dv.to(gl.bfloat16)
+        n_op = gl.convert_layout(-dv16, a_k)
+        S = warpgroup_mma(n_op, w_bufs.index(s), S, is_async=True)
+        dv_tiles.index(tile).permute((1, 0)).store(dv16)
+        S, o_op, n_op = warpgroup_mma_wait(0, deps=[S, o_op, n_op])
+        # the stage's tiles are read (and the staging tiles written): fence for the TMA
+        # stores, every warp, then the one arrive and the stores
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(empty.index(s), count=1)
+        tma.async_copy_shared_to_global(dh_desc, [((i_n * NT + i_t) * HV + i_hv) * K,
+                                                  i_v * BVr], dh_tiles.index(tile))
+        tma.async_copy_shared_to_global(dv2_desc, [i_n * T + i_t * BT, col],
+                                        dv_tiles.index(tile))
+        dH = S
+    if STORE_INITIAL_STATE_GRAD:
+        gl.store(_state_tile_t(dh0, i_n, i_hv, i_v, HV, K, V, BVr, acc_k), dH)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def chunk_bwd_state_t_kernel(k_desc, q_desc, w_desc, do_desc, dvl_desc, g_desc, dv2_desc,
+                             dh_desc, dht, dh0, scale, T, H: gl.constexpr, HV: gl.constexpr,
+                             K: gl.constexpr, V: gl.constexpr,
+                             USE_FINAL_STATE_GRAD: gl.constexpr,
+                             STORE_INITIAL_STATE_GRAD: gl.constexpr, STAGES: gl.constexpr):
+    """Grid (V / BV, B·HV)."""
+    i_v, i_nh = gl.program_id(0), gl.program_id(1)
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H)
+    BT: gl.constexpr = k_desc.block_type.shape[0]
+    BVr: gl.constexpr = do_desc.block_type.shape[1]
+    NT = gl.cdiv(T, BT)
+    descs = (k_desc, q_desc, w_desc, do_desc, dvl_desc, g_desc)
+    bufs = (ring_buffers(k_desc, STAGES), ring_buffers(q_desc, STAGES),
+            ring_buffers(w_desc, STAGES), ring_buffers(do_desc, STAGES),
+            ring_buffers(dvl_desc, STAGES), ring_buffers(g_desc, STAGES))
+    dh_tiles = gl.allocate_shared_memory(dh_desc.dtype, [2] + dh_desc.block_type.shape,
+                                         dh_desc.layout)
+    dv_tiles = gl.allocate_shared_memory(dv2_desc.dtype, [2] + dv2_desc.block_type.shape,
+                                         dv2_desc.layout)
+    ready, empty = ring_barriers(STAGES)
+    gl.warp_specialize([
+        (_chain, (bufs, ready, empty, dh_tiles, dv_tiles, dh_desc, dv2_desc, dht, dh0, scale, T,
+                  NT, i_n, i_hv, i_v, HV, K, V, USE_FINAL_STATE_GRAD,
+                  STORE_INITIAL_STATE_GRAD)),
+        (_producer, (descs, bufs, ready, empty, i_n * T, NT, i_h * K, i_hv * K,
+                     i_hv * V + i_v * BVr, i_nh)),
+    ], [LOAD_WARPS], [LOAD_REGS])
+
+
+def chunk_bwd_state_t(q, k, w, gate_rows, do, dv_local, scale, dht, initial_state):
+    """chunk_bwd_state's outputs where materialized.gluon_tiles_apply(q, do, 64, None) holds
+    (the caller checks).
+
+    q, k [B, T, H, 128] bf16; w [B, T, HV, 128] bf16; gate_rows [B·HV, ⌈T/64⌉·64] fp64 (the
+    chunk-local cumsum G as chunk_cumsum(..., gate_rows=[]) lays it out, zero past T);
+    do, dv_local [B, T, HV, 128] bf16; dht [B, HV, 128, 128] or None; initial_state (only
+    whether it is given: then dh0 is returned, in its dtype). Returns (dh [B·NT, HV, 128, 128]
+    bf16, dv2 like do, dh0 or None), as chunk_bwd_state."""
+    B, T, H, K = k.shape
+    HV, V = do.shape[2], do.shape[3]
+    NT = triton.cdiv(T, CHUNK)
+    q, k, w, do, dv_local = (x.contiguous() for x in (q, k, w, do, dv_local))
+    dh = k.new_empty(B * NT, HV, K, V)
+    dv2 = torch.empty_like(do)
+    dh0 = (torch.empty(B, HV, K, V, dtype=torch.float32, device=k.device)
+           if initial_state is not None else None)
+    dht = dht.float().contiguous() if dht is not None else None
+    views = dict(k=k.view(B * T, H * K), q=q.view(B * T, H * K), w=w.view(B * T, HV * K),
+                 do=do.view(B * T, HV * V), dvl=dv_local.view(B * T, HV * V), g=gate_rows,
+                 dv2=dv2.view(B * T, HV * V), dh=dh.view(B * NT * HV * K, V))
+    descs = [TensorDescriptor.from_tensor(
+        x, DESCRIPTOR_BLOCKS[n],
+        GATE_LAYOUT if n == "g" else descriptor_layout(DESCRIPTOR_BLOCKS[n]))
+        for n, x in views.items()]
+    direct.launch(chunk_bwd_state_t_kernel, (V // BV, B * HV), *descs, dht, dh0, float(scale),
+                  T, H=H, HV=HV, K=K, V=V, USE_FINAL_STATE_GRAD=dht is not None,
+                  STORE_INITIAL_STATE_GRAD=dh0 is not None, STAGES=STAGES, num_warps=4,
+                  maxnreg=MAXNREG)
+    if dh0 is not None and dh0.dtype != initial_state.dtype:
+        dh0 = dh0.to(initial_state.dtype)
+    return dh, dv2, dh0

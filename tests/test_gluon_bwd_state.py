@@ -1,0 +1,115 @@
+"""The Gluon reverse state pass (kernels/gluon_bwd_state.py) and chunk_bwd_state on the same
+inputs, both against the same recurrence in fp64 (below), on the H200; the whole backward
+through it against fp64 autograd is tests/test_backward.py's bf16 GPU cases (those it covers:
+B = 1 or T a multiple of 64).
+"""
+import pytest
+import torch
+
+from gdn_fused.eval.cases import make_inputs, rel_err
+
+CASES = [  # (id, B, T, H, HV, gate, state gradients in and out)
+    ("partial-chunk", 1, 1000, 2, 4, "normal", True),
+    ("gva3-g-zero", 2, 1024, 2, 6, "zero", True),
+    ("strong-no-states", 1, 2048, 1, 2, "strong", False),
+]
+
+
+def reverse_fp64(q, k, w, G, do, dv_local, scale, dht, C=64):
+    """(dh [B·NT, HV, K, V], dv2, dh0) of chunk_bwd_state's recurrence in fp64 from the same
+    (rounded) inputs, with no rounding inside."""
+    B, T, H, K = k.shape
+    HV, V = do.shape[2], do.shape[3]
+    NT = -(-T // C)
+    r = HV // H
+    qq, kk = (x.double().repeat_interleave(r, dim=2) for x in (q, k))
+    ww, dO, dvl, Gd = (x.double() for x in (w, do, dv_local, G))
+    dH = (dht.double() if dht is not None
+          else torch.zeros(B, HV, K, V, dtype=torch.float64, device=k.device))
+    dh = torch.empty(B, NT, HV, K, V, dtype=torch.float64, device=k.device)
+    dv2 = torch.empty_like(dO)
+    for c in reversed(range(NT)):
+        t = slice(c * C, min(T, (c + 1) * C))
+        dh[:, c] = dH
+        g = Gd[:, t]                                    # [B, n, HV]
+        decay = (g[:, -1:] - g).exp()                   # e^{G_C − G_i}
+        dv = dvl[:, t] + torch.einsum("bnhk,bhkv->bnhv", kk[:, t], dH) * decay[..., None]
+        dv2[:, t] = dv
+        dH = dH * g[:, -1].exp()[..., None, None] \
+            + scale * torch.einsum("bnhk,bnhv->bhkv", qq[:, t], dO[:, t] * g.exp()[..., None]) \
+            - torch.einsum("bnhk,bnhv->bhkv", ww[:, t], dv)
+    return dh.view(B * NT, HV, K, V), dv2, dH
+
+
+def inputs(B, T, H, HV, gate, states):
+    """q, k, w (the backward's recomputed W), g, G, gate rows, dO, dV'_local, dht, h0."""
+    from gdn_fused.kernels.chunk_bwd_dv import chunk_bwd_dv_local
+    from gdn_fused.kernels.chunk_gate import chunk_cumsum
+    from gdn_fused.kernels.kkt_solve import chunk_inverse
+    from gdn_fused.kernels.wu import recompute_w_u
+    q, k, v, g, beta, h0 = make_inputs(B, T, H, HV, 128, 128, torch.bfloat16, gate, "uniform",
+                                       states, device="cuda")
+    gen = torch.Generator().manual_seed(6)
+    do = torch.randn(v.shape, generator=gen).to("cuda", torch.bfloat16)
+    dht = torch.randn(B, HV, 128, 128, generator=gen).to("cuda") if states else None
+    G, rows = chunk_cumsum(g, 64, gate_rows=[])
+    Ai = chunk_inverse(k, G, beta, HV, 64, torch.bfloat16)
+    w, _ = recompute_w_u(k, v, G, beta, Ai, dot_precision="tf32")
+    dv_local = chunk_bwd_dv_local(q, k, g, do, 128 ** -0.5, 64, dot_precision="tf32")
+    return q, k, w, g, G, rows, do, dv_local, dht, h0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_matches_fp64_and_chunk_bwd_state(case):
+    """dh, dv2 (bf16) and dh0 (fp32) within 1.25× chunk_bwd_state's error against the fp64
+    recurrence (plus 1e-4) and under 1e-2; the same bits run to run."""
+    from gdn_fused.kernels.chunk_bwd_state import chunk_bwd_state
+    from gdn_fused.kernels.gluon_bwd_state import chunk_bwd_state_t
+    from gdn_fused.kernels.materialized import gluon_tiles_apply
+    _, B, T, H, HV, gate, states = case
+    q, k, w, g, G, rows, do, dv_local, dht, h0 = inputs(B, T, H, HV, gate, states)
+    assert gluon_tiles_apply(q, do, 64, None)
+    scale = 128 ** -0.5
+    ref = reverse_fp64(q, k, w, G, do, dv_local, scale, dht)
+    tri = chunk_bwd_state(q, k, w, g, do, dv_local, scale, dht, h0, 64, B,
+                          dot_precision="tf32")
+    got = chunk_bwd_state_t(q, k, w, rows, do, dv_local, scale, dht, h0)
+    names = ("dh", "dv2", "dh0")
+    err_t = {n: rel_err(x, r) for n, x, r in zip(names, tri, ref) if x is not None}
+    err_g = {n: rel_err(x, r) for n, x, r in zip(names, got, ref) if x is not None}
+    print(f"bwd state {case[0]} vs fp64: triton " + " ".join(f"{n} {e:.1e}" for n, e in
+                                                            err_t.items())
+          + " | gluon " + " ".join(f"{n} {e:.1e}" for n, e in err_g.items())
+          + f" | gluon vs triton dh {rel_err(got[0], tri[0]):.1e}")
+    assert (got[2] is None) == (not states)
+    assert all(torch.isfinite(x).all() for x in got if x is not None)
+    assert got[0].dtype == k.dtype and got[1].dtype == do.dtype
+    for n in err_g:
+        assert err_g[n] <= 1.25 * err_t[n] + 1e-4 and err_g[n] <= 1e-2, (n, err_g, err_t)
+    again = chunk_bwd_state_t(q, k, w, rows, do, dv_local, scale, dht, h0)
+    assert all(torch.equal(a, b) for a, b in zip(again, got) if a is not None)
+
+
+@pytest.mark.gpu
+def test_backward_routes_to_it_and_back(monkeypatch):
+    """The backward takes the Gluon reverse pass where it applies (B = 1, partial chunk; B = 2,
+    whole chunks) and chunk_bwd_state where it does not (B = 2 with a partial chunk) or when
+    GLUON_BWD_STATE is off."""
+    from gdn_fused.kernels import chunk_bwd, gluon_bwd_state
+    calls = []
+    real = gluon_bwd_state.chunk_bwd_state_t
+    monkeypatch.setattr(gluon_bwd_state, "chunk_bwd_state_t",
+                        lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setattr(chunk_bwd, "GLUON_BWD_STATE", True)
+    for B, T, routed in ((1, 200, True), (2, 200, False), (2, 256, True)):
+        q, k, v, g, beta, h0 = make_inputs(B, T, 1, 2, 128, 128, torch.bfloat16,
+                                           initial_state=True, device="cuda")
+        before = len(calls)
+        chunk_bwd.chunk_gated_delta_rule_bwd(q, k, v, g, beta, 0.1, h0, torch.randn_like(v),
+                                             None, None)
+        assert (len(calls) > before) == routed, (B, T)
+    monkeypatch.setattr(chunk_bwd, "GLUON_BWD_STATE", False)
+    chunk_bwd.chunk_gated_delta_rule_bwd(q, k, v, g, beta, 0.1, h0, torch.randn_like(v), None,
+                                         None)
+    assert len(calls) == 2
