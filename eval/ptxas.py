@@ -301,17 +301,15 @@ def _gluon_dqkwg():
     return chunk_bwd_dqkwg_gluon_kernel, sig, dict(H=16, HV=32, K=128, V=128, STAGES=STAGES)
 
 
-def _gluon_wu_bwd(groups=1):
-    """The backward's W/U kernel in Gluon (kernels/gluon_wu_bwd.py), with ``groups`` compute
-    warpgroups."""
+def _gluon_wu_bwd():
+    """The backward's W/U kernel in Gluon (kernels/gluon_wu_bwd.py)."""
     from gdn_fused.kernels.gluon_ring import descriptor_layout
     from gdn_fused.kernels.gluon_wu_bwd import STAGES, TILE, wu_bwd_gluon_kernel
     sig = {f"{n}_desc": tensordesc("bf16", TILE, descriptor_layout(TILE))
-           for n in ("k", "v", "dw", "du", "dk", "t", "dv")}
+           for n in ("k", "v", "dw", "du", "dk", "t", "dv", "dko")}
     sig.update(G="*fp64", beta="*fp32", dg_part="*fp32", s_dgp="i32", dbeta="*fp32",
-               dg="*fp32", num_items="i32", NBH="i32", T="i32")
-    return wu_bwd_gluon_kernel, sig, dict(H=16, HV=32, K=128, V=128, NKP=2, STAGES=STAGES,
-                                          GROUPS=groups)
+               dg="*fp32", num_groups="i32", NBH="i32", T="i32")
+    return wu_bwd_gluon_kernel, sig, dict(H=16, HV=32, K=128, V=128, NKP=2, STAGES=STAGES)
 
 
 def _gluon_bwd_state():
@@ -349,7 +347,7 @@ HOPPER_ONLY = ("chunk_state gluon (experimental)", "chunk_state+output gluon (ex
                "forward transposed gluon, W/U on chip",
                "forward transposed gluon, W/U on chip, checkpoints",
                "chunk_bwd_dqkwg gluon",
-               "wu_bwd gluon", "wu_bwd gluon, two compute groups",
+               "wu_bwd gluon",
                "chunk_bwd_state transposed gluon",
                "segment maps transposed gluon, W/U on chip",
                "state pass storing h transposed gluon (experimental)",
@@ -364,7 +362,6 @@ def _kernels() -> dict:
     from gdn_fused.kernels.gluon_state import MAXNREG
     from gdn_fused.kernels.gluon_wu_bwd import MAXNREG as WU_BWD_MAXNREG
     from gdn_fused.kernels.gluon_bwd_state import MAXNREG as BWD_STATE_MAXNREG
-    from gdn_fused.kernels.gluon_wu_bwd import MAXNREG_GROUPS as WU_BWD_MAXNREG_GROUPS
     from gdn_fused.kernels.gluon_state_output import MAXNREG as FUSED_MAXNREG
     from gdn_fused.kernels.gluon_transposed import MAXNREG as T_MAXNREG
     from gdn_fused.kernels.gluon_transposed import MAXNREG_WU as T_MAXNREG_WU
@@ -401,8 +398,6 @@ def _kernels() -> dict:
         "wu_bwd gluon": (_gluon_wu_bwd, dict(num_warps=4, maxnreg=WU_BWD_MAXNREG)),
         "chunk_bwd_state transposed gluon": (_gluon_bwd_state,
                                              dict(num_warps=4, maxnreg=BWD_STATE_MAXNREG)),
-        "wu_bwd gluon, two compute groups": (lambda: _gluon_wu_bwd(2),
-                                             dict(num_warps=4, maxnreg=WU_BWD_MAXNREG_GROUPS)),
         "segment maps transposed gluon, W/U on chip": (
             lambda: _gluon_transposed_wu(False, True), dict(num_warps=4, maxnreg=T_MAXNREG_WU)),
         "state pass storing h transposed gluon (experimental)": (

@@ -68,14 +68,16 @@ GLUON_WU_BWD = os.environ.get("GDN_GLUON_WU_BWD", "1") != "0"
 
 
 def wu_backward(k, v, g, G, beta, Ai, dw, dv2, dk, dg_part, chunk_size, prec, idx):
-    """(dv, dbeta, dg) with dk completed in place: the Gluon kernel where GLUON_WU_BWD and it
-    applies, else wu_bwd; the same math (tests/test_gluon_wu_bwd.py)."""
+    """(dk summed over the value heads of each q/k head, dv, dbeta, dg) from dk's per-value-head
+    partial: the Gluon kernel where GLUON_WU_BWD and it applies, else wu_bwd (completing dk in
+    place) and group_sum; the same math (tests/test_gluon_wu_bwd.py)."""
     if (GLUON_WU_BWD and Ai.dtype == torch.bfloat16
             and gluon_tiles_apply(k, v, chunk_size, idx["cu_seqlens"])):
         from gdn_fused.kernels.gluon_wu_bwd import wu_bwd_gluon
         return wu_bwd_gluon(k, v, G, beta, Ai, dw, dv2, dk, dg_part, g.dtype)
-    return wu_bwd(k, v, g, beta, Ai, dw, dv2, dk, dg_part, chunk_size, dot_precision=prec,
-                  **idx)
+    dv, dbeta, dg = wu_bwd(k, v, g, beta, Ai, dw, dv2, dk, dg_part, chunk_size,
+                           dot_precision=prec, **idx)
+    return group_sum(dk, k.shape[2], k.dtype), dv, dbeta, dg
 
 
 # the reverse state pass on a transposed Gluon chain (kernels/gluon_bwd_state.py) where it
@@ -176,6 +178,6 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, initial_state, do, dht, 
     dq, dk, dw, dg_part = dqkwg(q, k, v_new, h, dh, g, G, do, dv2, scale, chunk_size,
                                 chunk_offsets, prec, idx)
     del h, dh, v_new
-    dv, dbeta, dg = wu_backward(k, v, g, G, beta, Ai, dw, dv2, dk, dg_part, chunk_size, prec,
-                                idx)
-    return group_sum(dq, H, q.dtype), group_sum(dk, H, k.dtype), dv, dg, dbeta, dh0
+    dk, dv, dbeta, dg = wu_backward(k, v, g, G, beta, Ai, dw, dv2, dk, dg_part, chunk_size,
+                                    prec, idx)
+    return group_sum(dq, H, q.dtype), dk, dv, dg, dbeta, dh0

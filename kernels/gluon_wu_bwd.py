@@ -1,6 +1,7 @@
-"""wu_bwd (kernels/wu_bwd.py) as a persistent, warp-specialized Gluon kernel for Hopper (sm_90a):
-the same outputs (dV, dβ, the per-token dg, dK completed in place) from the same inputs, one
-CTA an SM looping over the work items (batch · value head fastest, then chunks) while a
+"""wu_bwd (kernels/wu_bwd.py) and the GVA sum of dK (kernels/group_sum.py) as one persistent,
+warp-specialized Gluon kernel for Hopper (sm_90a): the same outputs (dK summed over the value
+heads of each key head, dV, dβ, the per-token dg) from the same inputs, one CTA an SM looping
+over (batch row, key head, chunk) groups and in each over the key head's value heads, while a
 producer warp streams the next item's tiles by TMA into a two-stage ring.
 
 Why: the Triton kernel holds 252 registers a thread, two programs an SM, and runs at one stage
@@ -9,7 +10,15 @@ then stores: 1,148 µs at (1, 32768) on the H200 (session 15) against ~450 µs f
 traffic (k, v, dW, dV', dK in and dK, dV out: 16 KB each a chunk and value head, T 8 KB).
 Here every tile is a [64, 64] bf16 TMA box (K = V = 128 are two), a stage is 88 KB in two
 transactions: v and dV' (released once dV's store has read its staging tile, dV' own slot),
-then k, dW, T and dK's partial (released at the item's end).
+then k, dW, T and dK's partial (released at the item's end). The value heads of a key head run
+one after another on the CTA, so their dK is summed in shared memory (a bf16 running sum) and
+stored once a key head: group_sum then only sums dQ (half its 194 µs at (1, 32768)).
+
+Measured (H200, (1, 32768), eval.bench --sweep bwd, session 16): 1,000 µs in a first form
+(wu_bwd 1,149 in the same run), 921 with an item's gates, β and dg partials loaded during the
+item before (926 against 1,155 in the next run); two compute warpgroups on alternate items
+(a stage each, 223 KB, 696 B of spills) took 960, and could not keep the value heads of a key
+head in order: removed.
 
 The math, per chunk and value head, with M1 = dW Kᵀ, M2 = dV' Vᵀ ([C, C], fp32 from bf16):
 
@@ -20,7 +29,7 @@ The math, per chunk and value head, with M1 = dW Kᵀ, M2 = dV' Vᵀ ([C, C], fp
     a_i  = β_i e^{G_i} Σ_j T_ji M1_ji               (row terms of ∂L/∂G)
     dA   = strictLower(−Tᵀ dT Tᵀ)                   (kernels/kkt_bwd.py)
     E    = dA ⊙ Γ,  dβ_i += Σ_j E_ij (k_i·k_j),  R = diag(β) (E ⊙ K Kᵀ)
-    dK  += diag(β e^G) Tᵀ dW + F K + Fᵀ K,  F = diag(β) E
+    dK   = dK's partial + diag(β e^G) Tᵀ dW + F K + Fᵀ K,  F = diag(β) E   (then Σ heads)
     dg   = the partials of chunk_bwd_dqkwg + chunk_gate_bwd(a, R)
 
 diag(β) E K + Eᵀ diag(β) K (kkt_bwd.gated_kkt_bwd_keys) is F K + Fᵀ K with one rounding of
@@ -57,24 +66,29 @@ TILE = [CHUNK, CHUNK]  # every TMA box: 64 rows, 64 columns of 128 B (K, V = two
 STAGES = 2
 # the compute warpgroup and the producer warp (padded to 4): 8 warps, one CTA an SM
 MAXNREG = 240
-# compute warpgroups taking alternate items (each a stage of its own); with two, 4 + 4 + 1
-# warps padded to 12 start at 65,536 / 384 = 170 registers, and setmaxnreg gives the second
-# GROUP_REGS, the first what the producer's 24 leave
-GROUPS = 1
-MAXNREG_GROUPS = 168
-GROUP_REGS = 232
 
 
 @gluon.jit
-def _item(item, NBH, HV: gl.constexpr):
-    """(batch row, value head, chunk) of work item ``item``: batch · value heads fastest, so
-    the items in flight cover whole token rows."""
-    i_bh = item % NBH
-    return i_bh // HV, i_bh % HV, item // NBH
+def _item(u, NBH, H: gl.constexpr, HV: gl.constexpr):
+    """(batch row, key head, value head, chunk, r) of this CTA's u-th item: the CTA takes
+    (batch row, key head, chunk) groups pid, pid + CTAs, … (batch · key heads fastest, so the
+    groups in flight cover whole token rows; NBH = B·H) and in each the HV / H value heads
+    r = 0, 1, … of that key head in turn, summing their dK."""
+    R: gl.constexpr = HV // H
+    gi = gl.program_id(0) + (u // R) * gl.num_programs(0)
+    i_bh = gi % NBH
+    i_h = i_bh % H
+    return i_bh // H, i_h, i_h * R + u % R, gi // NBH, u % R
 
 
 @gluon.jit
-def _producer(descs, bufs, bars, num_items, NBH, T, H: gl.constexpr, HV: gl.constexpr,
+def _num_items(num_groups, H: gl.constexpr, HV: gl.constexpr):
+    """This CTA's item count: HV / H for each of its groups."""
+    return gl.cdiv(num_groups - gl.program_id(0), gl.num_programs(0)) * (HV // H)
+
+
+@gluon.jit
+def _producer(descs, bufs, bars, num_groups, NBH, T, H: gl.constexpr, HV: gl.constexpr,
               K: gl.constexpr, V: gl.constexpr):
     """One warp: item j's tiles into stage j % STAGES in two transactions, each once the
     compute warpgroup has released it: v and dV' (halves 2s, 2s + 1), then k, dW, dK's
@@ -87,13 +101,12 @@ def _producer(descs, bufs, bars, num_items, NBH, T, H: gl.constexpr, HV: gl.cons
     STAGES: gl.constexpr = t_bufs.type.shape[0]
     early: gl.constexpr = 2 * tile_bytes((v_desc, du_desc))
     late: gl.constexpr = 2 * tile_bytes((k_desc, dw_desc, dk_desc)) + tile_bytes((t_desc,))
-    j = 0
-    for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
-        i_b, i_hv, i_t = _item(item, NBH, HV)
+    for j in range(_num_items(num_groups, H, HV)):
+        i_b, i_h, i_hv, i_t, _ = _item(j, NBH, H, HV)
         s = j % STAGES
         phase = ((j // STAGES) & 1) ^ 1
         row = i_b * T + i_t * BT
-        kcol = (i_hv // (HV // H)) * K
+        kcol = i_h * K
         mbarrier.wait(empty_early.index(s), phase)
         bar = ready_early.index(s)
         mbarrier.expect(bar, early)
@@ -113,16 +126,15 @@ def _producer(descs, bufs, bars, num_items, NBH, T, H: gl.constexpr, HV: gl.cons
                                             dw_bufs.index(2 * s + h))
             tma.async_copy_global_to_shared(dk_desc, [row, i_hv * K + h * BH], bar,
                                             dk_bufs.index(2 * s + h))
-        j += 1
 
 
 @gluon.jit
-def _row_inputs(G, beta, dg_part, s_dgp, item, NBH, T, o_t, HV: gl.constexpr,
-                NKP: gl.constexpr):
-    """(valid rows, G fp64, β fp32, the sum of dg's NKP partials) of item ``item``'s chunk in
+def _row_inputs(G, beta, dg_part, s_dgp, u, NBH, T, o_t, H: gl.constexpr,
+                HV: gl.constexpr, NKP: gl.constexpr):
+    """(valid rows, G fp64, β fp32, the sum of dg's NKP partials) of this CTA's u-th item in
     the rows' layout (two values a thread, where the columns' holds sixteen)."""
     BT: gl.constexpr = o_t.shape[0]
-    i_b, i_hv, i_t = _item(item, NBH, HV)
+    i_b, _, i_hv, i_t, _ = _item(u, NBH, H, HV)
     bos = i_b * T
     valid, b_G, _ = chunk_gates(G, bos, i_t, T, o_t, HV, i_hv)
     offs = (bos + i_t * BT + o_t).to(gl.int64) * HV + i_hv
@@ -142,13 +154,13 @@ def _split(x, a_op: gl.constexpr):
 
 
 @gluon.jit
-def _compute(bufs, bars, x_tiles, l_tile, dv_desc, dk_desc, G, beta, dg_part, s_dgp, dbeta, dg,
-             num_items, NBH, T, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
-             NKP: gl.constexpr, group: gl.constexpr, GROUPS: gl.constexpr):
-    """A compute warpgroup: of this CTA's items jj (stage jj % STAGES) those with
-    jj % GROUPS == group. x_tiles: this group's two [C, C] bf16 tiles (2·group, 2·group + 1):
-    dT's halves, then F (in the first), then dK's two halves for their stores. l_tile is
-    written before the partitions start."""
+def _compute(bufs, bars, x_tiles, sum_tiles, l_tile, dv_desc, dko_desc, G, beta, dg_part,
+             s_dgp, dbeta, dg, num_groups, NBH, T, H: gl.constexpr, HV: gl.constexpr,
+             K: gl.constexpr, V: gl.constexpr, NKP: gl.constexpr):
+    """The compute warpgroup: this CTA's items j (stage j % STAGES). x_tiles: two [C, C] bf16
+    tiles: dT's halves, then F (in the first), then dK's two halves for their stores;
+    sum_tiles: the running sum of dK over the value heads of a key head before the last (bf16
+    halves). l_tile is written before the partitions start."""
     k_bufs, v_bufs, dw_bufs, du_bufs, dk_bufs, t_bufs = bufs
     ready_early, empty_early, ready_late, empty_late = bars
     BT: gl.constexpr = t_bufs.type.shape[1]
@@ -162,21 +174,17 @@ def _compute(bufs, bars, x_tiles, l_tile, dv_desc, dk_desc, G, beta, dg_part, s_
     o_t = gl.arange(0, BT, layout=rows)
     o_j = gl.arange(0, BT, layout=cols)
     zero = gl.zeros([BT, BT], gl.float32, acc)
-    x_a = x_tiles.index(2 * group)
-    x_b = x_tiles.index(2 * group + 1)
-    step = GROUPS * gl.num_programs(0)
-    first = gl.program_id(0) + group * gl.num_programs(0)
+    R: gl.constexpr = HV // H
+    x_a = x_tiles.index(0)
+    x_b = x_tiles.index(1)
+    n = _num_items(num_groups, H, HV)
     # the gates, β and dg's partials of an item are loaded during the item before (global
     # loads: their latency would otherwise follow a ring wait that found its stage full)
-    valid, b_G, b_beta, b_dg = _row_inputs(G, beta, dg_part, s_dgp,
-                                           gl.minimum(first, num_items - 1), NBH, T, o_t, HV,
-                                           NKP)
-    j = 0
-    for item in range(first, num_items, step):
-        i_b, i_hv, i_t = _item(item, NBH, HV)
-        jj = j * GROUPS + group
-        s = jj % STAGES
-        phase = (jj // STAGES) & 1
+    valid, b_G, b_beta, b_dg = _row_inputs(G, beta, dg_part, s_dgp, 0, NBH, T, o_t, H, HV, NKP)
+    for j in range(n):
+        i_b, i_h, i_hv, i_t, r = _item(j, NBH, H, HV)
+        s = j % STAGES
+        phase = (j // STAGES) & 1
         bos = i_b * T
         row = bos + i_t * BT
         k0 = k_bufs.index(2 * s)
@@ -265,8 +273,8 @@ def _compute(bufs, bars, x_tiles, l_tile, dv_desc, dk_desc, G, beta, dg_part, s_
         dK1 = warpgroup_mma(f_op, k1, dK1, is_async=True)
         dK1 = warpgroup_mma(x_a.permute((1, 0)), k1, dK1, is_async=True)
         n_valid, n_G, n_beta, n_dg = _row_inputs(G, beta, dg_part, s_dgp,
-                                                 gl.minimum(item + step, num_items - 1), NBH,
-                                                 T, o_t, HV, NKP)
+                                                 gl.minimum(j + 1, n - 1), NBH, T, o_t, H, HV,
+                                                 NKP)
         D, dK0, dK1 = warpgroup_mma_wait(0, deps=[D, dK0, dK1])
         # k, dW, T and dK's partial are read: every warp past them before the one arrive
         gl.thread_barrier()
@@ -276,34 +284,43 @@ def _compute(bufs, bars, x_tiles, l_tile, dv_desc, dk_desc, G, beta, dg_part, s_
                  mask=i_t * BT + o_j < T)
         gl.store(dbeta + (row + o_t).to(gl.int64) * HV + i_hv,
                  b_db.to(dbeta.dtype.element_ty), mask=valid)
-        # dK staged in x_tiles (F's products have run)
-        x_a.store(dK0.to(gl.bfloat16))
-        x_b.store(dK1.to(gl.bfloat16))
-        fence_async_shared()
-        gl.thread_barrier()
-        tma.async_copy_shared_to_global(dk_desc, [row, i_hv * K], x_a)
-        tma.async_copy_shared_to_global(dk_desc, [row, i_hv * K + BH], x_b)
+        # dK summed over the key head's value heads: the running sum (bf16) kept in sum_tiles
+        # until the last, whose sum is staged in x_tiles (F's products have run) and stored
+        if R > 1:
+            if r > 0:
+                dK0 += sum_tiles.index(0).load(acc).to(gl.float32)
+                dK1 += sum_tiles.index(1).load(acc).to(gl.float32)
+            if r < R - 1:
+                gl.thread_barrier()
+                sum_tiles.index(0).store(dK0.to(gl.bfloat16))
+                sum_tiles.index(1).store(dK1.to(gl.bfloat16))
+        if r == R - 1:
+            x_a.store(dK0.to(gl.bfloat16))
+            x_b.store(dK1.to(gl.bfloat16))
+            fence_async_shared()
+            gl.thread_barrier()
+            tma.async_copy_shared_to_global(dko_desc, [row, i_h * K], x_a)
+            tma.async_copy_shared_to_global(dko_desc, [row, i_h * K + BH], x_b)
         valid, b_G, b_beta, b_dg = n_valid, n_G, n_beta, n_dg
-        j += 1
     tma.store_wait(0)
 
 
 @gluon.jit
-def wu_bwd_gluon_kernel(k_desc, v_desc, dw_desc, du_desc, dk_desc, t_desc, dv_desc, G, beta,
-                        dg_part, s_dgp, dbeta, dg, num_items, NBH, T, H: gl.constexpr,
-                        HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
-                        NKP: gl.constexpr, STAGES: gl.constexpr, GROUPS: gl.constexpr = 1,
-                        GROUP_REGS: gl.constexpr = 240):
-    """Grid (CTAs,): each loops over items pid, pid + CTAs, … of num_items (NBH = B·HV);
-    GROUPS compute warpgroups take alternate items (a second one at GROUP_REGS registers)."""
+def wu_bwd_gluon_kernel(k_desc, v_desc, dw_desc, du_desc, dk_desc, t_desc, dv_desc, dko_desc,
+                        G, beta, dg_part, s_dgp, dbeta, dg, num_groups, NBH, T,
+                        H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
+                        NKP: gl.constexpr, STAGES: gl.constexpr):
+    """Grid (CTAs,): each loops over the (batch row, key head, chunk) groups pid, pid + CTAs,
+    … of num_groups (NBH = B·H), a key head's HV / H value heads in turn."""
     BT: gl.constexpr = t_desc.block_type.shape[0]
-    gl.static_assert(GROUPS == 1 or GROUPS == STAGES, "a stage a compute warpgroup")
     descs = (k_desc, v_desc, dw_desc, du_desc, dk_desc, t_desc)
     # k, v, dW, dV' and dK's partial as two [C, 64] halves a stage, T as one tile
     bufs = (ring_buffers(k_desc, 2 * STAGES), ring_buffers(v_desc, 2 * STAGES),
             ring_buffers(dw_desc, 2 * STAGES), ring_buffers(du_desc, 2 * STAGES),
             ring_buffers(dk_desc, 2 * STAGES), ring_buffers(t_desc, STAGES))
-    x_tiles = gl.allocate_shared_memory(t_desc.dtype, [2 * GROUPS, BT, BT], t_desc.layout)
+    x_tiles = gl.allocate_shared_memory(t_desc.dtype, [2, BT, BT], t_desc.layout)
+    sum_tiles = gl.allocate_shared_memory(t_desc.dtype, [2 if HV > H else 1, BT, BT],
+                                          t_desc.layout)
     # L_jt = [j < t], the constant operand of dg's product, once for every compute warpgroup
     # (warp_specialize's entry barrier publishes it)
     l_tile = gl.allocate_shared_memory(t_desc.dtype, [BT, BT], t_desc.layout)
@@ -315,49 +332,42 @@ def wu_bwd_gluon_kernel(k_desc, v_desc, dw_desc, du_desc, dk_desc, t_desc, dv_de
     ready_early, empty_early = ring_barriers(STAGES)
     ready_late, empty_late = ring_barriers(STAGES)
     bars = (ready_early, empty_early, ready_late, empty_late)
-    if GROUPS == 1:
-        gl.warp_specialize([
-            (_compute, (bufs, bars, x_tiles, l_tile, dv_desc, dk_desc, G, beta, dg_part, s_dgp,
-                        dbeta, dg, num_items, NBH, T, HV, K, V, NKP, 0, 1)),
-            (_producer, (descs, bufs, bars, num_items, NBH, T, H, HV, K, V)),
-        ], [LOAD_WARPS], [LOAD_REGS])
-    else:
-        gl.warp_specialize([
-            (_compute, (bufs, bars, x_tiles, l_tile, dv_desc, dk_desc, G, beta, dg_part, s_dgp,
-                        dbeta, dg, num_items, NBH, T, HV, K, V, NKP, 0, 2)),
-            (_compute, (bufs, bars, x_tiles, l_tile, dv_desc, dk_desc, G, beta, dg_part, s_dgp,
-                        dbeta, dg, num_items, NBH, T, HV, K, V, NKP, 1, 2)),
-            (_producer, (descs, bufs, bars, num_items, NBH, T, H, HV, K, V)),
-        ], [4, LOAD_WARPS], [GROUP_REGS, LOAD_REGS])
+    gl.warp_specialize([
+        (_compute, (bufs, bars, x_tiles, sum_tiles, l_tile, dv_desc, dko_desc, G, beta,
+                    dg_part, s_dgp, dbeta, dg, num_groups, NBH, T, H, HV, K, V, NKP)),
+        (_producer, (descs, bufs, bars, num_groups, NBH, T, H, HV, K, V)),
+    ], [LOAD_WARPS], [LOAD_REGS])
 
 
-def wu_bwd_gluon(k, v, G, beta, Ai, dw, dv2, dk, dg_part, dg_dtype=torch.float32, groups=None):
-    """wu_bwd's outputs where materialized.gluon_tiles_apply(k, v, 64, None) holds and T is
+def wu_bwd_gluon(k, v, G, beta, Ai, dw, dv2, dk, dg_part, dg_dtype=torch.float32):
+    """wu_bwd's outputs, with dK summed over the value heads of each key head (what wu_bwd and
+    then group_sum give), where materialized.gluon_tiles_apply(k, v, 64, None) holds and T is
     bf16 (the caller checks).
 
     k [B, T, H, 128] bf16; v, dv2 (dV') [B, T, HV, 128] bf16; G [B, T, HV] fp64 (chunk_cumsum's
     chunk-local cumsum of g); beta [B, T, HV] (any float dtype); Ai [B, T, HV, 64] bf16 (T);
-    dw [B, T, HV, 128] bf16; dk [B, T, HV, 128] bf16 partial, **completed in place**;
+    dw [B, T, HV, 128] bf16; dk [B, T, HV, 128] bf16 partial (read, not written);
     dg_part [NKP, B, T, HV] fp32 per-key-block partial dg (summed here). One CTA an SM.
-    Returns (dv like v, dbeta like beta, dg [B, T, HV] in ``dg_dtype``), as wu_bwd."""
+    Returns (dk [B, T, H, 128] bf16: the completed dK summed over each key head's HV / H value
+    heads, dv like v, dbeta like beta, dg [B, T, HV] in ``dg_dtype``). The running sum is
+    rounded to bf16 after each value head but the last (group_sum rounds every head's dK
+    before its fp32 sum)."""
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
     C = Ai.shape[3]
     v, dw, dv2, Ai, beta, dg_part = (x.contiguous() for x in (v, dw, dv2, Ai, beta, dg_part))
+    dk_sum = torch.empty_like(k)
     dv = torch.empty_like(v)
     dbeta = torch.empty_like(beta)
     dg = torch.empty(beta.shape, dtype=dg_dtype, device=v.device)
     layout = descriptor_layout(TILE)
     views = (k.view(B * T, H * K), v.view(B * T, HV * V), dw.view(B * T, HV * K),
              dv2.view(B * T, HV * V), dk.view(B * T, HV * K), Ai.view(B * T, HV * C),
-             dv.view(B * T, HV * V))
+             dv.view(B * T, HV * V), dk_sum.view(B * T, H * K))
     descs = [TensorDescriptor.from_tensor(x, TILE, layout) for x in views]
-    NT = triton.cdiv(T, CHUNK)
-    num_items = B * HV * NT
-    grid = (min(num_items, sm_count(v.device)),)
-    groups = groups or GROUPS
+    num_groups = B * H * triton.cdiv(T, CHUNK)
+    grid = (min(num_groups, sm_count(v.device)),)
     direct.launch(wu_bwd_gluon_kernel, grid, *descs, G, beta, dg_part, dg_part.stride(0), dbeta,
-                  dg, num_items, B * HV, T, H=H, HV=HV, K=K, V=V, NKP=dg_part.shape[0],
-                  STAGES=STAGES, GROUPS=groups, GROUP_REGS=GROUP_REGS, num_warps=4,
-                  maxnreg=MAXNREG if groups == 1 else MAXNREG_GROUPS)
-    return dv, dbeta, dg
+                  dg, num_groups, B * H, T, H=H, HV=HV, K=K, V=V, NKP=dg_part.shape[0],
+                  STAGES=STAGES, num_warps=4, maxnreg=MAXNREG)
+    return dk_sum, dv, dbeta, dg
