@@ -6,7 +6,9 @@ Runs the backward's chain of kernels (kernels/chunk_bwd.py) once to get every in
 then calls each kernel twice more on those same inputs and prints, per output, the relative
 difference between the two calls (0 means bit-identical). wu_bwd completes dk in place, so it
 gets a fresh copy each call. ``--warps`` and ``--stages`` repeat chunk_bwd_dqkwg and wu_bwd
-at those launch options: a kernel that varies run to run without atomics reads memory another
+at those launch options; on Hopper (materialized.gluon_tiles_apply) the Gluon forms of the
+reverse state pass and wu_bwd run twice too (the persistent wu_bwd over several groups an
+SM at T = 8192). A kernel that varies run to run without atomics reads memory another
 part of it is still writing, which is how Triton 3.6's software pipelining of wu_bwd's key loop
 showed (``--stages 2``: dβ and dg differ on every run; wu_bwd.STAGES, docs/backward.md,
 "Determinism"). tests/test_backward.py runs this at 4 and 8 warps on the GPU and asserts every
@@ -42,6 +44,7 @@ def run_twice(T=8192, launches=(), device="cuda", dtype=torch.bfloat16):
     from gdn_fused.kernels.chunk_state import chunk_state
     from gdn_fused.kernels.kkt import dot_precision
     from gdn_fused.kernels.kkt_solve import chunk_inverse, default_inverse_dtype
+    from gdn_fused.kernels.materialized import gluon_tiles_apply
     from gdn_fused.kernels.wu import recompute_w_u
     from gdn_fused.kernels.wu_bwd import wu_bwd
     from gdn_fused.eval.cases import make_inputs
@@ -76,6 +79,14 @@ def run_twice(T=8192, launches=(), device="cuda", dtype=torch.bfloat16):
             return (*wu_bwd(k, v, g, beta, Ai, dw, dv2, dk_done, dg_part, C,
                             dot_precision=prec, **launch), dk_done)
         _twice(d, f"wu_bwd{tag}", lambda: wu(dk.clone()), ["dv", "dbeta", "dg", "dk"])
+    if gluon_tiles_apply(q, do, C, None):
+        from gdn_fused.kernels.gluon_bwd_state import chunk_bwd_state_t
+        from gdn_fused.kernels.gluon_wu_bwd import wu_bwd_gluon
+        _, rows = chunk_cumsum(g, C, gate_rows=[])
+        _twice(d, "chunk_bwd_state gluon", lambda: chunk_bwd_state_t(
+            q, k, w, rows, do, dv_local, scale, dht, h0), ["dh", "dv2", "dh0"])
+        _twice(d, "wu_bwd gluon", lambda: wu_bwd_gluon(
+            k, v, G, beta, Ai, dw, dv2, dk, dg_part, g.dtype), ["dk", "dv", "dbeta", "dg"])
     return d
 
 

@@ -14,8 +14,9 @@ everything but the output kernel), then runs four kernels:
                                                 cumsum to per-token dg)  kernels/wu_bwd.py
 
 (on Hopper, where they apply, the last three as warp-specialized Gluon kernels:
-kernels/gluon_bwd_state.py, kernels/gluon_dqkwg.py, kernels/gluon_wu_bwd.py), then sums dQ and dK over the value heads
-that share a q/k head (GVA, kernels/group_sum.py).
+kernels/gluon_bwd_state.py, kernels/gluon_dqkwg.py, kernels/gluon_wu_bwd.py), then sums dQ
+and dK over the value heads that share a q/k head (GVA, kernels/group_sum.py; the Gluon
+wu_bwd sums dK itself).
 Derivation and the precision of every intermediate: docs/backward.md.
 
 Why recompute rather than save: h is K·V per chunk and value head (32 KB in bf16 at K = V = 128,
@@ -71,7 +72,7 @@ def wu_backward(k, v, g, G, beta, Ai, dw, dv2, dk, dg_part, chunk_size, prec, id
     """(dk summed over the value heads of each q/k head, dv, dbeta, dg) from dk's per-value-head
     partial: the Gluon kernel where GLUON_WU_BWD and it applies, else wu_bwd (completing dk in
     place) and group_sum; the same math (tests/test_gluon_wu_bwd.py)."""
-    if (GLUON_WU_BWD and Ai.dtype == torch.bfloat16
+    if (GLUON_WU_BWD and all(x.dtype == torch.bfloat16 for x in (Ai, dw, dv2, dk))
             and gluon_tiles_apply(k, v, chunk_size, idx["cu_seqlens"])):
         from gdn_fused.kernels.gluon_wu_bwd import wu_bwd_gluon
         return wu_bwd_gluon(k, v, G, beta, Ai, dw, dv2, dk, dg_part, g.dtype)

@@ -44,7 +44,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.gluon_ring import (LOAD_REGS, LOAD_WARPS, accumulator_layout,
-                                          descriptor_layout, ring_barriers, ring_buffers,
+                                          check_operands, descriptor_layout, ring_barriers, ring_buffers,
                                           tile_bytes)
 from gdn_fused.kernels.gluon_transposed import (GATE_LAYOUT, _chunk_decay, _gate_row,
                                                 _state_tile_t)
@@ -184,10 +184,21 @@ def chunk_bwd_state_t(q, k, w, gate_rows, do, dv_local, scale, dht, initial_stat
     chunk-local cumsum G as chunk_cumsum(..., gate_rows=[]) lays it out, zero past T);
     do, dv_local [B, T, HV, 128] bf16; dht [B, HV, 128, 128] or None; initial_state (only
     whether it is given: then dh0 is returned, in its dtype). Returns (dh [B·NT, HV, 128, 128]
-    bf16, dv2 like do, dh0 or None), as chunk_bwd_state."""
+    bf16, dv2 like do, dh0 or None), as chunk_bwd_state. Raises ValueError for other shapes or
+    dtypes."""
     B, T, H, K = k.shape
     HV, V = do.shape[2], do.shape[3]
     NT = triton.cdiv(T, CHUNK)
+    bf16 = torch.bfloat16
+    if K != HEAD_DIM or V != HEAD_DIM or HV % H:
+        raise ValueError(f"chunk_bwd_state_t: needs K = V = {HEAD_DIM} and HV a multiple of H, "
+                         f"got k {tuple(k.shape)}, do {tuple(do.shape)}")
+    state = (B, HV, K, V)
+    check_operands("chunk_bwd_state_t", [
+        ("q", q, k.shape, bf16), ("k", k, k.shape, bf16), ("w", w, (B, T, HV, K), bf16),
+        ("gate_rows", gate_rows, (B * HV, NT * CHUNK), torch.float64),
+        ("do", do, (B, T, HV, V), bf16), ("dv_local", dv_local, (B, T, HV, V), bf16),
+        ("dht", dht, state, None), ("initial_state", initial_state, state, None)])
     q, k, w, do, dv_local = (x.contiguous() for x in (q, k, w, do, dv_local))
     dh = k.new_empty(B * NT, HV, K, V)
     dv2 = torch.empty_like(do)

@@ -138,3 +138,20 @@ def descriptor_layout(block):
 @functools.cache
 def _descriptor_layout(block):
     return gl.NVMMASharedLayout.get_default_for(list(block), gl.bfloat16)
+
+
+def check_operands(name, specs):
+    """ValueError naming the argument unless each (argument, tensor, shape, dtype) of ``specs``
+    matches (a None dtype accepts any floating dtype; a None tensor is skipped): a Gluon
+    kernel's TMA descriptors would otherwise read a wrong shape or dtype as valid tiles."""
+    for arg, x, shape, dtype in specs:
+        if x is None:
+            continue
+        if tuple(x.shape) != tuple(shape):
+            raise ValueError(f"{name}: {arg} must have shape {tuple(shape)}, got "
+                             f"{tuple(x.shape)}")
+        if dtype is None and not x.is_floating_point():
+            raise ValueError(f"{name}: {arg} must be a floating tensor, got {x.dtype}")
+        if dtype is not None and x.dtype != dtype:
+            raise ValueError(f"{name}: {arg} must be {dtype}, got {x.dtype}")
+

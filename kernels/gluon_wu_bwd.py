@@ -16,8 +16,9 @@ stored once a key head: group_sum then only sums dQ (half its 194 µs at (1, 327
 
 Measured (H200, (1, 32768), eval.bench --sweep bwd, session 16): 1,000 µs in a first form
 (wu_bwd 1,149 in the same run), 921 with an item's gates, β and dg partials loaded during the
-item before (926 against 1,155 in the next run); two compute warpgroups on alternate items
-(a stage each, 223 KB, 696 B of spills) took 960, and could not keep the value heads of a key
+item before (926 against 1,155 in the next run), **851** with dK's GVA sum (wu_bwd 1,159 and
+group_sum of dq and dk 194 in the same run); two compute warpgroups on alternate items (a
+stage each, 223 KB, 696 B of spills) took 960, and could not keep the value heads of a key
 head in order: removed.
 
 The math, per chunk and value head, with M1 = dW Kᵀ, M2 = dV' Vᵀ ([C, C], fp32 from bf16):
@@ -36,9 +37,9 @@ diag(β) E K + Eᵀ diag(β) K (kkt_bwd.gated_kkt_bwd_keys) is F K + Fᵀ K with
 F to bf16 (Fᵀ read from shared memory as a transposed operand, as gluon_dqkwg reads Pᵀ).
 The inverse's backward runs on the tensor cores in bf16: T is bf16 already (exact), dT and
 Tᵀ dT enter as high and low bf16 halves (~2⁻¹⁶ relative, finer than the Triton kernel's tf32);
-dg's reverse cumsums are gluon_dqkwg's product with a constant triangular tile. So the
-outputs are not the Triton kernel's bits; tests/test_gluon_wu_bwd.py bounds both against the
-same math in fp64.
+dg's reverse cumsums are gluon_dqkwg's product with a constant triangular tile. So dK, dβ
+and dg are not the Triton kernel's bits (dV, the same product and rounding, came out equal
+in every comparison); tests/test_gluon_wu_bwd.py bounds both against the same math in fp64.
 
 Scope: that of gluon_dqkwg (materialized.gluon_tiles_apply: dense batches where no chunk
 straddles two sequences, K = V = 128, chunk 64, bf16) with T in bf16 (the forward's and the
@@ -57,7 +58,8 @@ from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.chunk_index import sm_count
 from gdn_fused.kernels.gluon_dqkwg import _decay, _dg_of, _gate_bwd_product
 from gdn_fused.kernels.gluon_ring import (LOAD_REGS, LOAD_WARPS, accumulator_layout,
-                                          chunk_gates, descriptor_layout, ring_barriers,
+                                          check_operands, chunk_gates, descriptor_layout,
+                                          ring_barriers,
                                           ring_buffers, tile_bytes)
 
 CHUNK = 64
@@ -351,10 +353,21 @@ def wu_bwd_gluon(k, v, G, beta, Ai, dw, dv2, dk, dg_part, dg_dtype=torch.float32
     Returns (dk [B, T, H, 128] bf16: the completed dK summed over each key head's HV / H value
     heads, dv like v, dbeta like beta, dg [B, T, HV] in ``dg_dtype``). The running sum is
     rounded to bf16 after each value head but the last (group_sum rounds every head's dK
-    before its fp32 sum)."""
+    before its fp32 sum). Raises ValueError for other shapes or dtypes."""
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
-    C = Ai.shape[3]
+    C = CHUNK
+    bf16 = torch.bfloat16
+    if K != HEAD_DIM or V != HEAD_DIM or HV % H:
+        raise ValueError(f"wu_bwd_gluon: needs K = V = {HEAD_DIM} and HV a multiple of H, got "
+                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+    tok = (B, T, HV)
+    check_operands("wu_bwd_gluon", [
+        ("k", k, (B, T, H, K), bf16), ("v", v, tok + (V,), bf16), ("G", G, tok, torch.float64),
+        ("beta", beta, tok, None), ("Ai", Ai, tok + (C,), bf16), ("dw", dw, tok + (K,), bf16),
+        ("dv2", dv2, tok + (V,), bf16), ("dk", dk, tok + (K,), bf16),
+        ("dg_part", dg_part, (dg_part.shape[0],) + tok, torch.float32)])
+    k, dk, G = k.contiguous(), dk.contiguous(), G.contiguous()
     v, dw, dv2, Ai, beta, dg_part = (x.contiguous() for x in (v, dw, dv2, Ai, beta, dg_part))
     dk_sum = torch.empty_like(k)
     dv = torch.empty_like(v)

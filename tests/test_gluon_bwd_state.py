@@ -8,10 +8,13 @@ import torch
 
 from gdn_fused.eval.cases import make_inputs, rel_err
 
-CASES = [  # (id, B, T, H, HV, gate, state gradients in and out)
-    ("partial-chunk", 1, 1000, 2, 4, "normal", True),
-    ("gva3-g-zero", 2, 1024, 2, 6, "zero", True),
-    ("strong-no-states", 1, 2048, 1, 2, "strong", False),
+CASES = [  # (id, B, T, H, HV, gate, dht given, initial state given (dh0 out))
+    ("partial-chunk", 1, 1000, 2, 4, "normal", True, True),
+    ("gva3-g-zero", 2, 1024, 2, 6, "zero", True, True),
+    # (dv2 is dV'_local here: the decay forgets dh within a chunk)
+    ("strong-no-states", 1, 2048, 1, 2, "strong", False, False),
+    ("dht-only", 1, 640, 1, 2, "normal", True, False),
+    ("h0-only", 1, 640, 1, 2, "normal", False, True),
 ]
 
 
@@ -41,17 +44,17 @@ def reverse_fp64(q, k, w, G, do, dv_local, scale, dht, C=64):
     return dh.view(B * NT, HV, K, V), dv2, dH
 
 
-def inputs(B, T, H, HV, gate, states):
+def inputs(B, T, H, HV, gate, with_dht, with_h0):
     """q, k, w (the backward's recomputed W), g, G, gate rows, dO, dV'_local, dht, h0."""
     from gdn_fused.kernels.chunk_bwd_dv import chunk_bwd_dv_local
     from gdn_fused.kernels.chunk_gate import chunk_cumsum
     from gdn_fused.kernels.kkt_solve import chunk_inverse
     from gdn_fused.kernels.wu import recompute_w_u
     q, k, v, g, beta, h0 = make_inputs(B, T, H, HV, 128, 128, torch.bfloat16, gate, "uniform",
-                                       states, device="cuda")
+                                       with_h0, device="cuda")
     gen = torch.Generator().manual_seed(6)
     do = torch.randn(v.shape, generator=gen).to("cuda", torch.bfloat16)
-    dht = torch.randn(B, HV, 128, 128, generator=gen).to("cuda") if states else None
+    dht = torch.randn(B, HV, 128, 128, generator=gen).to("cuda") if with_dht else None
     G, rows = chunk_cumsum(g, 64, gate_rows=[])
     Ai = chunk_inverse(k, G, beta, HV, 64, torch.bfloat16)
     w, _ = recompute_w_u(k, v, G, beta, Ai, dot_precision="tf32")
@@ -67,8 +70,8 @@ def test_matches_fp64_and_chunk_bwd_state(case):
     from gdn_fused.kernels.chunk_bwd_state import chunk_bwd_state
     from gdn_fused.kernels.gluon_bwd_state import chunk_bwd_state_t
     from gdn_fused.kernels.materialized import gluon_tiles_apply
-    _, B, T, H, HV, gate, states = case
-    q, k, w, g, G, rows, do, dv_local, dht, h0 = inputs(B, T, H, HV, gate, states)
+    _, B, T, H, HV, gate, with_dht, with_h0 = case
+    q, k, w, g, G, rows, do, dv_local, dht, h0 = inputs(B, T, H, HV, gate, with_dht, with_h0)
     assert gluon_tiles_apply(q, do, 64, None)
     scale = 128 ** -0.5
     ref = reverse_fp64(q, k, w, G, do, dv_local, scale, dht)
@@ -82,7 +85,7 @@ def test_matches_fp64_and_chunk_bwd_state(case):
                                                             err_t.items())
           + " | gluon " + " ".join(f"{n} {e:.1e}" for n, e in err_g.items())
           + f" | gluon vs triton dh {rel_err(got[0], tri[0]):.1e}")
-    assert (got[2] is None) == (not states)
+    assert (got[2] is None) == (not with_h0)
     assert all(torch.isfinite(x).all() for x in got if x is not None)
     assert got[0].dtype == k.dtype and got[1].dtype == do.dtype
     for n in err_g:
@@ -113,3 +116,21 @@ def test_backward_routes_to_it_and_back(monkeypatch):
     chunk_bwd.chunk_gated_delta_rule_bwd(q, k, v, g, beta, 0.1, h0, torch.randn_like(v), None,
                                          None)
     assert len(calls) == 2
+
+
+def test_bad_operands_raise_before_launch():
+    """Wrong shapes or dtypes give a ValueError naming the argument (no GPU needed)."""
+    from gdn_fused.kernels.gluon_bwd_state import chunk_bwd_state_t
+    B, T, H, HV = 1, 100, 1, 2
+    bf = dict(dtype=torch.bfloat16)
+    args = dict(q=torch.zeros(B, T, H, 128, **bf), k=torch.zeros(B, T, H, 128, **bf),
+                w=torch.zeros(B, T, HV, 128, **bf),
+                gate_rows=torch.zeros(B * HV, 128, dtype=torch.float64),
+                do=torch.zeros(B, T, HV, 128, **bf), dv_local=torch.zeros(B, T, HV, 128, **bf),
+                scale=0.1, dht=None, initial_state=None)
+    for arg, bad, match in (("gate_rows", torch.zeros(B * HV, 100, dtype=torch.float64),
+                             "gate_rows must have shape"),
+                            ("w", torch.zeros(B, T, HV, 128), "w must be torch.bfloat16"),
+                            ("dht", torch.zeros(B, HV, 128, 64), "dht must have shape")):
+        with pytest.raises(ValueError, match=match):
+            chunk_bwd_state_t(**dict(args, **{arg: bad}))

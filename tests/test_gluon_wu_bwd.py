@@ -16,6 +16,9 @@ CASES = [  # (id, B, T, H, HV, gate)
     ("gva3-g-zero", 2, 1024, 2, 6, "zero"),
     ("strong", 1, 2048, 1, 2, "strong"),
     ("no-gva", 1, 512, 2, 2, "normal"),
+    # 512 (batch, key head, chunk) groups: several a CTA on 132 SMs (the ring wraps, the next
+    # group's row inputs are prefetched), four value heads a key head
+    ("many-groups-gva4", 1, 16384, 2, 8, "normal"),
 ]
 
 
@@ -90,8 +93,9 @@ def inputs(B, T, H, HV, gate):
 def test_matches_fp64_and_wu_bwd(case):
     """dk (summed over each key head's value heads), dv (bf16) and dβ, dg (fp32) within 1.25×
     the error of the Triton kernel (then group_sum for dk) against the fp64 math (plus 1e-5)
-    and within absolute bounds (5e-3 for the bf16 outputs, 1e-3 for the fp32 ones); the same
-    bits run to run; dk's partial left as it was."""
+    and within absolute bounds: 5e-3 for the bf16 outputs, 2e-5 for dβ and dg (H200: ≤ 4e-6,
+    where the Triton kernel's tf32 inverse backward gives up to 1.7e-3); the same bits run to
+    run; dk's partial left as it was."""
     from gdn_fused.kernels.gluon_wu_bwd import wu_bwd_gluon
     from gdn_fused.kernels.group_sum import group_sum
     from gdn_fused.kernels.materialized import gluon_tiles_apply
@@ -117,7 +121,7 @@ def test_matches_fp64_and_wu_bwd(case):
     assert torch.equal(dk, dk_in) and dk_g.shape == k.shape
     for n in names:
         assert err_g[n] <= 1.25 * err_t[n] + 1e-5, (n, err_g, err_t)
-        assert err_g[n] <= (5e-3 if n in ("dk", "dv") else 1e-3), (n, err_g)
+        assert err_g[n] <= (5e-3 if n in ("dk", "dv") else 2e-5), (n, err_g)
     assert dv_g.dtype == v.dtype and db_g.dtype == beta.dtype and dg_g.dtype == g.dtype
     again = wu_bwd_gluon(k, v, G, beta, Ai, dw, dv2, dk, dg_part, g.dtype)
     assert all(torch.equal(a, b) for a, b in zip(again, (dk_g, dv_g, db_g, dg_g)))
@@ -145,3 +149,22 @@ def test_backward_routes_to_it_and_back(monkeypatch):
     monkeypatch.setattr(chunk_bwd, "GLUON_WU_BWD", False)
     chunk_bwd.wu_backward(k, v, g, G, beta, Ai, dw, dv2, dk, dg_part, 64, "tf32", idx)
     assert len(calls) == 2
+
+
+def test_bad_operands_raise_before_launch():
+    """Wrong shapes or dtypes give a ValueError naming the argument (no GPU needed: the checks
+    run before any descriptor or launch)."""
+    from gdn_fused.kernels.gluon_wu_bwd import wu_bwd_gluon
+    B, T, H, HV = 1, 128, 1, 2
+    bf = dict(dtype=torch.bfloat16)
+    args = dict(k=torch.zeros(B, T, H, 128, **bf), v=torch.zeros(B, T, HV, 128, **bf),
+                G=torch.zeros(B, T, HV, dtype=torch.float64), beta=torch.zeros(B, T, HV),
+                Ai=torch.zeros(B, T, HV, 64, **bf), dw=torch.zeros(B, T, HV, 128, **bf),
+                dv2=torch.zeros(B, T, HV, 128, **bf), dk=torch.zeros(B, T, HV, 128, **bf),
+                dg_part=torch.zeros(2, B, T, HV))
+    for arg, bad, match in (("Ai", torch.zeros(B, T, HV, 64), "Ai must be torch.bfloat16"),
+                            ("dk", torch.zeros(B, T, H, 128, **bf), "dk must have shape"),
+                            ("G", torch.zeros(B, T, HV), "G must be torch.float64"),
+                            ("v", torch.zeros(B, T, HV, 64, **bf), "needs K = V = 128")):
+        with pytest.raises(ValueError, match=match):
+            wu_bwd_gluon(**dict(args, **{arg: bad}))
