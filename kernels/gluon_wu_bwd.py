@@ -19,7 +19,9 @@ Measured (H200, (1, 32768), eval.bench --sweep bwd, session 16): 1,000 µs in a 
 item before (926 against 1,155 in the next run), **851** with dK's GVA sum (wu_bwd 1,159 and
 group_sum of dq and dk 194 in the same run); two compute warpgroups on alternate items (a
 stage each, 223 KB, 696 B of spills) took 960, and could not keep the value heads of a key
-head in order: removed.
+head in order: removed. (F + Fᵀ) K as one product a key half (Fᵀ read back from shared memory
+into registers: 72 instead of 80 wgmma but +211 SASS instructions an item) took 894 against
+845 in the same run: removed.
 
 The math, per chunk and value head, with M1 = dW Kᵀ, M2 = dV' Vᵀ ([C, C], fp32 from bf16):
 
