@@ -504,9 +504,6 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS, device="cuda", dtype=t
         # the persistent warp-specialized Gluon form (kernels/gluon_wu_bwd.py; GPU only)
         "wu_bwd gluon": lambda **kw: wu_bwd_gluon(k, v, G, beta, Ai, dw, dv2, dk, dg_part,
                                                   g.dtype, **kw),
-        # its dK through A as (F + Fᵀ) K (gluon_wu_bwd.SYMMETRIC_F)
-        "wu_bwd gluon, (F + Ft) K": lambda: wu_bwd_gluon(k, v, G, beta, Ai, dw, dv2, dk,
-                                                         dg_part, g.dtype, symmetric_f=True),
         # the GVA sums of dq and dk, and torch's expression they replaced (session 8; two passes
         # over fp32 partials then, one over the bf16 partials of session 9)
         "group_sum dq+dk": lambda: (group_sum(dq, H, q.dtype), group_sum(dk, H, k.dtype)),
@@ -514,8 +511,7 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS, device="cuda", dtype=t
             x.view(B, T, H, HV // H, DIM).sum(3).to(q.dtype) for x in (dq, dk)),
     }
     if not gluon_tiles_apply(q, do, CHUNK, None) or Ai.dtype != torch.bfloat16:
-        for name in ("chunk_bwd_dqkwg gluon", "wu_bwd gluon", "wu_bwd gluon, (F + Ft) K",
-                     "chunk_bwd_state transposed gluon"):
+        for name in ("chunk_bwd_dqkwg gluon", "wu_bwd gluon", "chunk_bwd_state transposed gluon"):
             del kernels[name]
     else:
         from gdn_fused.kernels.gluon_dqkwg import chunk_bwd_dqkwg_gluon

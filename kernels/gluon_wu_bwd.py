@@ -70,9 +70,6 @@ TILE = [CHUNK, CHUNK]  # every TMA box: 64 rows, 64 columns of 128 B (K, V = two
 STAGES = 2
 # the compute warpgroup and the producer warp (padded to 4): 8 warps, one CTA an SM
 MAXNREG = 240
-# dK's gradient through A as (F + Fᵀ) K, one product a key half, with Fᵀ read back from shared
-# memory into registers (a variant, measured beside the default F K + Fᵀ K)
-SYMMETRIC_F = False
 
 
 @gluon.jit
@@ -163,8 +160,7 @@ def _split(x, a_op: gl.constexpr):
 @gluon.jit
 def _compute(bufs, bars, x_tiles, sum_tiles, l_tile, dv_desc, dko_desc, G, beta, dg_part,
              s_dgp, dbeta, dg, num_groups, NBH, T, H: gl.constexpr, HV: gl.constexpr,
-             K: gl.constexpr, V: gl.constexpr, NKP: gl.constexpr,
-             SYMMETRIC_F: gl.constexpr):
+             K: gl.constexpr, V: gl.constexpr, NKP: gl.constexpr):
     """The compute warpgroup: this CTA's items j (stage j % STAGES). x_tiles: two [C, C] bf16
     tiles: dT's halves, then F (in the first), then dK's two halves for their stores;
     sum_tiles: the running sum of dK over the value heads of a key head before the last (bf16
@@ -270,24 +266,16 @@ def _compute(bufs, bars, x_tiles, sum_tiles, l_tile, dv_desc, dko_desc, G, beta,
         # read it)
         F = (E * b_beta[:, None]).to(gl.bfloat16)
         x_a.store(F)
-        if SYMMETRIC_F:
-            # F + Fᵀ exactly (F is strictly lower: no entry gets two terms), one product a half
-            gl.thread_barrier()
-            f_op = gl.convert_layout((F.to(gl.float32) + x_a.permute((1, 0)).load(acc)
-                                      .to(gl.float32)).to(gl.bfloat16), a_op)
-        else:
-            fence_async_shared()
-            gl.thread_barrier()
-            f_op = gl.convert_layout(F, a_op)
+        fence_async_shared()
+        gl.thread_barrier()
+        f_op = gl.convert_layout(F, a_op)
         X0, X1 = warpgroup_mma_wait(1, deps=[X0, X1])
         dK0 = X0 * b_bg[:, None] + dk_bufs.index(2 * s).load(acc).to(gl.float32)
         dK0 = warpgroup_mma(f_op, k0, dK0, is_async=True)
-        if not SYMMETRIC_F:
-            dK0 = warpgroup_mma(x_a.permute((1, 0)), k0, dK0, is_async=True)
+        dK0 = warpgroup_mma(x_a.permute((1, 0)), k0, dK0, is_async=True)
         dK1 = X1 * b_bg[:, None] + dk_bufs.index(2 * s + 1).load(acc).to(gl.float32)
         dK1 = warpgroup_mma(f_op, k1, dK1, is_async=True)
-        if not SYMMETRIC_F:
-            dK1 = warpgroup_mma(x_a.permute((1, 0)), k1, dK1, is_async=True)
+        dK1 = warpgroup_mma(x_a.permute((1, 0)), k1, dK1, is_async=True)
         n_valid, n_G, n_beta, n_dg = _row_inputs(G, beta, dg_part, s_dgp,
                                                  gl.minimum(j + 1, n - 1), NBH, T, o_t, H, HV,
                                                  NKP)
@@ -325,8 +313,7 @@ def _compute(bufs, bars, x_tiles, sum_tiles, l_tile, dv_desc, dko_desc, G, beta,
 def wu_bwd_gluon_kernel(k_desc, v_desc, dw_desc, du_desc, dk_desc, t_desc, dv_desc, dko_desc,
                         G, beta, dg_part, s_dgp, dbeta, dg, num_groups, NBH, T,
                         H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
-                        NKP: gl.constexpr, STAGES: gl.constexpr,
-                        SYMMETRIC_F: gl.constexpr = False):
+                        NKP: gl.constexpr, STAGES: gl.constexpr):
     """Grid (CTAs,): each loops over the (batch row, key head, chunk) groups pid, pid + CTAs,
     … of num_groups (NBH = B·H), a key head's HV / H value heads in turn."""
     BT: gl.constexpr = t_desc.block_type.shape[0]
@@ -351,14 +338,12 @@ def wu_bwd_gluon_kernel(k_desc, v_desc, dw_desc, du_desc, dk_desc, t_desc, dv_de
     bars = (ready_early, empty_early, ready_late, empty_late)
     gl.warp_specialize([
         (_compute, (bufs, bars, x_tiles, sum_tiles, l_tile, dv_desc, dko_desc, G, beta,
-                    dg_part, s_dgp, dbeta, dg, num_groups, NBH, T, H, HV, K, V, NKP,
-                    SYMMETRIC_F)),
+                    dg_part, s_dgp, dbeta, dg, num_groups, NBH, T, H, HV, K, V, NKP)),
         (_producer, (descs, bufs, bars, num_groups, NBH, T, H, HV, K, V)),
     ], [LOAD_WARPS], [LOAD_REGS])
 
 
-def wu_bwd_gluon(k, v, G, beta, Ai, dw, dv2, dk, dg_part, dg_dtype=torch.float32,
-                 symmetric_f=None):
+def wu_bwd_gluon(k, v, G, beta, Ai, dw, dv2, dk, dg_part, dg_dtype=torch.float32):
     """wu_bwd's outputs, with dK summed over the value heads of each key head (what wu_bwd and
     then group_sum give), where materialized.gluon_tiles_apply(k, v, 64, None) holds and T is
     bf16 (the caller checks).
@@ -399,6 +384,5 @@ def wu_bwd_gluon(k, v, G, beta, Ai, dw, dv2, dk, dg_part, dg_dtype=torch.float32
     grid = (min(num_groups, sm_count(v.device)),)
     direct.launch(wu_bwd_gluon_kernel, grid, *descs, G, beta, dg_part, dg_part.stride(0), dbeta,
                   dg, num_groups, B * H, T, H=H, HV=HV, K=K, V=V, NKP=dg_part.shape[0],
-                  STAGES=STAGES, SYMMETRIC_F=SYMMETRIC_F if symmetric_f is None else symmetric_f,
-                  num_warps=4, maxnreg=MAXNREG)
+                  STAGES=STAGES, num_warps=4, maxnreg=MAXNREG)
     return dk_sum, dv, dbeta, dg
