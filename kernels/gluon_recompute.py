@@ -18,6 +18,12 @@ through transposed views (stmatrix.trans) and stores them by TMA, as kernels/glu
 does for dh and dV' (925 → 815 µs for the reverse pass, session 16). One staging tile each, so
 that two CTAs fit an SM (the checkpoint segments give 512 programs at (1, 32768)).
 
+Measured (H200, session 16, `docs/results/recompute_gluon_2026-11-30_s16.log`): the same
+bits as chunk_state in every GPU test case, but **444 µs against 422** at (1, 32768) from 7
+checkpoints (512 programs) and 441 against 422 at (8, 4096): two CTAs an SM of this chain step
+no faster than chunk_state's 2-stage Triton programs (~3.5 µs a chunk step each, shared). Not
+routed; what it lacks against the reverse pass's 1.6 µs step is not known (not profiled).
+
 Scope: that of the forward's transposed kernels (materialized.gluon_tiles_apply).
 """
 import torch
