@@ -312,15 +312,21 @@ def _gluon_wu_bwd():
     return wu_bwd_gluon_kernel, sig, dict(H=16, HV=32, K=128, V=128, NKP=2, STAGES=STAGES)
 
 
+def _chain_descriptors(blocks):
+    """The TMA descriptor arguments of a transposed-chain kernel's ``blocks``: bf16 tiles and
+    the fp64 gate row ``g``."""
+    from gdn_fused.kernels.gluon_ring import descriptor_layout
+    from gdn_fused.kernels.gluon_transposed import GATE_LAYOUT
+    return {f"{n}_desc": (tensordesc("fp64", b, GATE_LAYOUT) if n == "g" else
+                          tensordesc("bf16", b, descriptor_layout(b)))
+            for n, b in blocks.items()}
+
+
 def _gluon_bwd_state():
     """The backward's reverse state pass in Gluon (kernels/gluon_bwd_state.py)."""
     from gdn_fused.kernels.gluon_bwd_state import (DESCRIPTOR_BLOCKS, STAGES,
                                                    chunk_bwd_state_t_kernel)
-    from gdn_fused.kernels.gluon_ring import descriptor_layout
-    from gdn_fused.kernels.gluon_transposed import GATE_LAYOUT
-    sig = {f"{n}_desc": (tensordesc("fp64", b, GATE_LAYOUT) if n == "g" else
-                         tensordesc("bf16", b, descriptor_layout(b)))
-           for n, b in DESCRIPTOR_BLOCKS.items()}
+    sig = _chain_descriptors(DESCRIPTOR_BLOCKS)
     sig.update(dht="*fp32", dh0="*fp32", scale="fp32", T="i32")
     return chunk_bwd_state_t_kernel, sig, dict(H=16, HV=32, K=128, V=128,
                                                USE_FINAL_STATE_GRAD=True,
@@ -332,11 +338,7 @@ def _gluon_recompute():
     checkpoints."""
     from gdn_fused.kernels.gluon_recompute import (DESCRIPTOR_BLOCKS, STAGES,
                                                    chunk_state_seg_t_kernel)
-    from gdn_fused.kernels.gluon_ring import descriptor_layout
-    from gdn_fused.kernels.gluon_transposed import GATE_LAYOUT
-    sig = {f"{n}_desc": (tensordesc("fp64", b, GATE_LAYOUT) if n == "g" else
-                         tensordesc("bf16", b, descriptor_layout(b)))
-           for n, b in DESCRIPTOR_BLOCKS.items()}
+    sig = _chain_descriptors(DESCRIPTOR_BLOCKS)
     sig.update(h0="*fp32", checkpoints="*fp32", T="i32", seg="i32")
     return chunk_state_seg_t_kernel, sig, dict(H=16, HV=32, K=128, V=128,
                                                USE_INITIAL_STATE=True, HAS_CHECKPOINTS=True,
