@@ -482,9 +482,6 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS, device="cuda", dtype=t
         "chunk_state (checkpoints)": lambda **kw: chunk_state(
             k, w, u, G, h0, False, CHUNK, N, chunk_offsets=offsets,
             num_chunks=idx["num_chunks"], dot_precision=prec, checkpoints=checkpoints, **kw),
-        # the same on the transposed Gluon chain (kernels/gluon_recompute.py, experimental)
-        "chunk_state (checkpoints) gluon": lambda: chunk_state_seg_t(k, w, u, gate_rows, h0,
-                                                                     checkpoints),
         "chunk_output": lambda **kw: chunk_output(q, k, v_new, h, G, scale, CHUNK,
                                                   chunk_offsets=offsets, dot_precision=prec,
                                                   **idx, **kw),
@@ -514,14 +511,12 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS, device="cuda", dtype=t
             x.view(B, T, H, HV // H, DIM).sum(3).to(q.dtype) for x in (dq, dk)),
     }
     if not gluon_tiles_apply(q, do, CHUNK, None) or Ai.dtype != torch.bfloat16:
-        for name in ("chunk_bwd_dqkwg gluon", "wu_bwd gluon", "chunk_bwd_state transposed gluon",
-                     "chunk_state (checkpoints) gluon"):
+        for name in ("chunk_bwd_dqkwg gluon", "wu_bwd gluon", "chunk_bwd_state transposed gluon"):
             del kernels[name]
     else:
         from gdn_fused.kernels.gluon_dqkwg import chunk_bwd_dqkwg_gluon
         from gdn_fused.kernels.gluon_wu_bwd import wu_bwd_gluon
         from gdn_fused.kernels.gluon_bwd_state import chunk_bwd_state_t
-        from gdn_fused.kernels.gluon_recompute import chunk_state_seg_t
         _, gate_rows = chunk_cumsum(g, CHUNK, gate_rows=[])
         got = chunk_bwd_state_t(q, k, w, gate_rows, do, dv_local, scale, dht, h0)
         print("bwd state gluon vs triton (dh, dv2), rel:",

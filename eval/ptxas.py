@@ -312,37 +312,19 @@ def _gluon_wu_bwd():
     return wu_bwd_gluon_kernel, sig, dict(H=16, HV=32, K=128, V=128, NKP=2, STAGES=STAGES)
 
 
-def _chain_descriptors(blocks):
-    """The TMA descriptor arguments of a transposed-chain kernel's ``blocks``: bf16 tiles and
-    the fp64 gate row ``g``."""
-    from gdn_fused.kernels.gluon_ring import descriptor_layout
-    from gdn_fused.kernels.gluon_transposed import GATE_LAYOUT
-    return {f"{n}_desc": (tensordesc("fp64", b, GATE_LAYOUT) if n == "g" else
-                          tensordesc("bf16", b, descriptor_layout(b)))
-            for n, b in blocks.items()}
-
-
 def _gluon_bwd_state():
     """The backward's reverse state pass in Gluon (kernels/gluon_bwd_state.py)."""
     from gdn_fused.kernels.gluon_bwd_state import (DESCRIPTOR_BLOCKS, STAGES,
                                                    chunk_bwd_state_t_kernel)
-    sig = _chain_descriptors(DESCRIPTOR_BLOCKS)
+    from gdn_fused.kernels.gluon_ring import descriptor_layout
+    from gdn_fused.kernels.gluon_transposed import GATE_LAYOUT
+    sig = {f"{n}_desc": (tensordesc("fp64", b, GATE_LAYOUT) if n == "g" else
+                         tensordesc("bf16", b, descriptor_layout(b)))
+           for n, b in DESCRIPTOR_BLOCKS.items()}
     sig.update(dht="*fp32", dh0="*fp32", scale="fp32", T="i32")
     return chunk_bwd_state_t_kernel, sig, dict(H=16, HV=32, K=128, V=128,
                                                USE_FINAL_STATE_GRAD=True,
                                                STORE_INITIAL_STATE_GRAD=True, STAGES=STAGES)
-
-
-def _gluon_recompute():
-    """The backward's recompute of h and v_new in Gluon (kernels/gluon_recompute.py), from
-    checkpoints."""
-    from gdn_fused.kernels.gluon_recompute import (DESCRIPTOR_BLOCKS, STAGES,
-                                                   chunk_state_seg_t_kernel)
-    sig = _chain_descriptors(DESCRIPTOR_BLOCKS)
-    sig.update(h0="*fp32", checkpoints="*fp32", T="i32", seg="i32")
-    return chunk_state_seg_t_kernel, sig, dict(H=16, HV=32, K=128, V=128,
-                                               USE_INITIAL_STATE=True, HAS_CHECKPOINTS=True,
-                                               STAGES=STAGES)
 
 
 def _gluon_wu():
@@ -367,7 +349,6 @@ HOPPER_ONLY = ("chunk_state gluon (experimental)", "chunk_state+output gluon (ex
                "chunk_bwd_dqkwg gluon",
                "wu_bwd gluon",
                "chunk_bwd_state transposed gluon",
-               "chunk_state recompute transposed gluon (experimental)",
                "segment maps transposed gluon, W/U on chip",
                "state pass storing h transposed gluon (experimental)",
                "state+output transposed gluon, two output groups")
@@ -381,7 +362,6 @@ def _kernels() -> dict:
     from gdn_fused.kernels.gluon_state import MAXNREG
     from gdn_fused.kernels.gluon_wu_bwd import MAXNREG as WU_BWD_MAXNREG
     from gdn_fused.kernels.gluon_bwd_state import MAXNREG as BWD_STATE_MAXNREG
-    from gdn_fused.kernels.gluon_recompute import MAXNREG as RECOMPUTE_MAXNREG
     from gdn_fused.kernels.gluon_state_output import MAXNREG as FUSED_MAXNREG
     from gdn_fused.kernels.gluon_transposed import MAXNREG as T_MAXNREG
     from gdn_fused.kernels.gluon_transposed import MAXNREG_WU as T_MAXNREG_WU
@@ -415,8 +395,6 @@ def _kernels() -> dict:
         "forward transposed gluon, W/U on chip, checkpoints": (
             _gluon_transposed_wu_checkpoints, dict(num_warps=4, maxnreg=T_MAXNREG_WU)),
         "chunk_bwd_dqkwg gluon": (_gluon_dqkwg, dict(num_warps=4, maxnreg=DQKWG_MAXNREG)),
-        "chunk_state recompute transposed gluon (experimental)": (
-            _gluon_recompute, dict(num_warps=4, maxnreg=RECOMPUTE_MAXNREG)),
         "wu_bwd gluon": (_gluon_wu_bwd, dict(num_warps=4, maxnreg=WU_BWD_MAXNREG)),
         "chunk_bwd_state transposed gluon": (_gluon_bwd_state,
                                              dict(num_warps=4, maxnreg=BWD_STATE_MAXNREG)),

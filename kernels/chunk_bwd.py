@@ -110,23 +110,13 @@ def uses_gluon_bwd_state(q, do, chunk_size, cu_seqlens):
 # tests), but slower on the H200 (1,170 vs 664 µs at (1, 32768), 607 vs 423 at (8, 4096);
 # the backward 6.47 → 6.97 ms; session 7), so off until chunk_state_t wins.
 RECOMPUTE_ON_TRANSPOSED_CHAIN = False
-# The recompute on kernels/gluon_recompute.py's chain (h_c and V' stored by TMA from the chain,
-# the checkpoint segments side by side, two CTAs an SM) where the Gluon reverse pass runs
-# (its gate rows are given): bit-identical to chunk_state but no faster on the H200 (444 vs
-# 422 µs at (1, 32768), session 16), so off (GDN_GLUON_RECOMPUTE=1 turns it on)
-RECOMPUTE_ON_GLUON_CHAIN = os.environ.get("GDN_GLUON_RECOMPUTE", "0") != "0"
 
 
 def recompute_states(q, k, w, u, G, initial_state, chunk_size, N, cu_seqlens, chunk_offsets,
-                     num_chunks, prec, checkpoints=None, gate_rows=None):
+                     num_chunks, prec, checkpoints=None):
     """(h, v_new) of the forward, from chunk_state (split at the forward's ``checkpoints``
     when it stored them) or, on Hopper where the forward uses the transposed Gluon kernel (and
-    RECOMPUTE_ON_TRANSPOSED_CHAIN), from chunk_state_t, or with ``gate_rows`` (and
-    RECOMPUTE_ON_GLUON_CHAIN) from gluon_recompute.chunk_state_seg_t — the same bits (GPU
-    tests)."""
-    if RECOMPUTE_ON_GLUON_CHAIN and gate_rows is not None:
-        from gdn_fused.kernels.gluon_recompute import chunk_state_seg_t
-        return chunk_state_seg_t(k, w, u, gate_rows, initial_state, checkpoints)
+    RECOMPUTE_ON_TRANSPOSED_CHAIN), from chunk_state_t — the same bits either way."""
     if RECOMPUTE_ON_TRANSPOSED_CHAIN and uses_state_output_kernel(q, u, chunk_size, cu_seqlens):
         from gdn_fused.kernels.gluon_transposed import chunk_state_t
         h, v_new, _ = chunk_state_t(k, w, u, G, initial_state, False)
@@ -178,7 +168,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, initial_state, do, dht, 
         Ai = chunk_inverse(k, G, beta, HV, chunk_size, default_inverse_dtype(q.dtype), **idx)
     w, u = recompute_w_u(k, v, G, beta, Ai, dot_precision=prec, **idx)
     h, v_new = recompute_states(q, k, w, u, G, initial_state, chunk_size, N, cu_seqlens,
-                                chunk_offsets, idx["num_chunks"], prec, checkpoints, gate_rows)
+                                chunk_offsets, idx["num_chunks"], prec, checkpoints)
     del u
     # the backward proper
     dv_local = chunk_bwd_dv_local(q, k, g, do, scale, chunk_size, dot_precision=prec, **idx)

@@ -53,7 +53,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.chunk_index import sm_count
 from gdn_fused.kernels.gluon_ring import (LOAD_REGS, LOAD_WARPS, accumulator_layout,
-                                          chunk_gates, descriptor_layout, ring_barriers,
+                                          check_operands, chunk_gates, descriptor_layout, ring_barriers,
                                           ring_buffers, tile_bytes)
 
 CHUNK = 64
@@ -297,10 +297,19 @@ def chunk_bwd_dqkwg_gluon(q, k, v_new, h, dh, G, do, dv2, scale):
     bf16; G [B, T, HV] fp64 (chunk_cumsum's chunk-local cumsum of g); scale a float;
     One CTA an SM (its shared memory allows no second). Returns (dq, dk, dw
     [B, T, HV, 128] bf16, dg [2, B, T, HV] fp32: per key block of 64, partial), as
-    chunk_bwd_dqkwg with its default key blocks."""
+    chunk_bwd_dqkwg with its default key blocks. Raises ValueError for other shapes or dtypes."""
     B, T, H, K = q.shape
     HV, V = do.shape[2], do.shape[3]
     NT = triton.cdiv(T, CHUNK)
+    bf16 = torch.bfloat16
+    if K != HEAD_DIM or V != HEAD_DIM or HV % H:
+        raise ValueError(f"chunk_bwd_dqkwg_gluon: needs K = V = {HEAD_DIM} and HV a multiple "
+                         f"of H, got q {tuple(q.shape)}, do {tuple(do.shape)}")
+    tok = (B, T, HV, V)
+    check_operands("chunk_bwd_dqkwg_gluon", [
+        ("q", q, q.shape, bf16), ("k", k, q.shape, bf16), ("v_new", v_new, tok, bf16),
+        ("h", h, (B * NT, HV, K, V), bf16), ("dh", dh, (B * NT, HV, K, V), bf16),
+        ("G", G, (B, T, HV), torch.float64), ("do", do, tok, bf16), ("dv2", dv2, tok, bf16)])
     q, k, v_new, do, dv2, h, dh = (x.contiguous() for x in (q, k, v_new, do, dv2, h, dh))
     dq = torch.empty(B, T, HV, K, dtype=q.dtype, device=q.device)
     dk = torch.empty_like(dq)

@@ -81,3 +81,20 @@ def test_backward_routes_to_it_and_back(monkeypatch):
     monkeypatch.setattr(chunk_bwd, "GLUON_DQKWG", False)
     chunk_bwd.dqkwg(*xs, 0.1, 64, None, "tf32", idx)
     assert len(calls) == 2
+
+
+def test_bad_operands_raise_before_launch():
+    """Wrong shapes or dtypes give a ValueError naming the argument (no GPU needed)."""
+    from gdn_fused.kernels.gluon_dqkwg import chunk_bwd_dqkwg_gluon
+    B, T, H, HV = 1, 128, 1, 2
+    bf = dict(dtype=torch.bfloat16)
+    args = dict(q=torch.zeros(B, T, H, 128, **bf), k=torch.zeros(B, T, H, 128, **bf),
+                v_new=torch.zeros(B, T, HV, 128, **bf), h=torch.zeros(2, HV, 128, 128, **bf),
+                dh=torch.zeros(2, HV, 128, 128, **bf),
+                G=torch.zeros(B, T, HV, dtype=torch.float64), do=torch.zeros(B, T, HV, 128, **bf),
+                dv2=torch.zeros(B, T, HV, 128, **bf), scale=0.1)
+    for arg, bad, match in (("h", torch.zeros(1, HV, 128, 128, **bf), "h must have shape"),
+                            ("dv2", torch.zeros(B, T, HV, 128), "dv2 must be torch.bfloat16"),
+                            ("do", torch.zeros(B, T, HV, 64, **bf), "needs K = V = 128")):
+        with pytest.raises(ValueError, match=match):
+            chunk_bwd_dqkwg_gluon(**dict(args, **{arg: bad}))
