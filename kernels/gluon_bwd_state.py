@@ -43,9 +43,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from gdn_fused.kernels import launch as direct
-from gdn_fused.kernels.gluon_ring import (LOAD_REGS, LOAD_WARPS, accumulator_layout,
-                                          check_operands, descriptor_layout, ring_barriers, ring_buffers,
-                                          tile_bytes)
+from gdn_fused.kernels.gluon_ring import (LOAD_REGS, LOAD_WARPS, accumulator_layout, check_heads,
+                                          check_operands, descriptor_layout, ring_barriers,
+                                          ring_buffers, tile_bytes)
 from gdn_fused.kernels.gluon_transposed import (GATE_LAYOUT, _chunk_decay, _gate_row,
                                                 _state_tile_t)
 
@@ -190,9 +190,7 @@ def chunk_bwd_state_t(q, k, w, gate_rows, do, dv_local, scale, dht, initial_stat
     HV, V = do.shape[2], do.shape[3]
     NT = triton.cdiv(T, CHUNK)
     bf16 = torch.bfloat16
-    if K != HEAD_DIM or V != HEAD_DIM or HV % H:
-        raise ValueError(f"chunk_bwd_state_t: needs K = V = {HEAD_DIM} and HV a multiple of H, "
-                         f"got k {tuple(k.shape)}, do {tuple(do.shape)}")
+    check_heads("chunk_bwd_state_t", k, do, HEAD_DIM)
     state = (B, HV, K, V)
     check_operands("chunk_bwd_state_t", [
         ("q", q, k.shape, bf16), ("k", k, k.shape, bf16), ("w", w, (B, T, HV, K), bf16),

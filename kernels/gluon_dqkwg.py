@@ -52,9 +52,9 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.chunk_index import sm_count
-from gdn_fused.kernels.gluon_ring import (LOAD_REGS, LOAD_WARPS, accumulator_layout,
-                                          check_operands, chunk_gates, descriptor_layout, ring_barriers,
-                                          ring_buffers, tile_bytes)
+from gdn_fused.kernels.gluon_ring import (LOAD_REGS, LOAD_WARPS, accumulator_layout, check_heads,
+                                          check_operands, chunk_gates, descriptor_layout,
+                                          ring_barriers, ring_buffers, tile_bytes)
 
 CHUNK = 64
 HEAD_DIM = 128
@@ -302,9 +302,7 @@ def chunk_bwd_dqkwg_gluon(q, k, v_new, h, dh, G, do, dv2, scale):
     HV, V = do.shape[2], do.shape[3]
     NT = triton.cdiv(T, CHUNK)
     bf16 = torch.bfloat16
-    if K != HEAD_DIM or V != HEAD_DIM or HV % H:
-        raise ValueError(f"chunk_bwd_dqkwg_gluon: needs K = V = {HEAD_DIM} and HV a multiple "
-                         f"of H, got q {tuple(q.shape)}, do {tuple(do.shape)}")
+    check_heads("chunk_bwd_dqkwg_gluon", q, do, HEAD_DIM)
     tok = (B, T, HV, V)
     check_operands("chunk_bwd_dqkwg_gluon", [
         ("q", q, q.shape, bf16), ("k", k, q.shape, bf16), ("v_new", v_new, tok, bf16),

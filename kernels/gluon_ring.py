@@ -140,6 +140,16 @@ def _descriptor_layout(block):
     return gl.NVMMASharedLayout.get_default_for(list(block), gl.bfloat16)
 
 
+def check_heads(name, keys, values, head_dim=128):
+    """ValueError unless ``keys`` [B, T, H, K] and ``values`` [B, T, HV, V] have K = V =
+    ``head_dim`` (the Gluon kernels' tiles) and HV a multiple of H (GVA)."""
+    H, K = keys.shape[2], keys.shape[3]
+    HV, V = values.shape[2], values.shape[3]
+    if K != head_dim or V != head_dim or HV % H:
+        raise ValueError(f"{name}: needs K = V = {head_dim} and HV a multiple of H, got keys "
+                         f"{tuple(keys.shape)}, values {tuple(values.shape)}")
+
+
 def check_operands(name, specs):
     """ValueError naming the argument unless each (argument, tensor, shape, dtype) of ``specs``
     matches (a None dtype accepts any floating dtype; a None tensor is skipped): a Gluon

@@ -59,10 +59,9 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.chunk_index import sm_count
 from gdn_fused.kernels.gluon_dqkwg import _decay, _dg_of, _gate_bwd_product
-from gdn_fused.kernels.gluon_ring import (LOAD_REGS, LOAD_WARPS, accumulator_layout,
+from gdn_fused.kernels.gluon_ring import (LOAD_REGS, LOAD_WARPS, accumulator_layout, check_heads,
                                           check_operands, chunk_gates, descriptor_layout,
-                                          ring_barriers,
-                                          ring_buffers, tile_bytes)
+                                          ring_barriers, ring_buffers, tile_bytes)
 
 CHUNK = 64
 HEAD_DIM = 128
@@ -360,9 +359,7 @@ def wu_bwd_gluon(k, v, G, beta, Ai, dw, dv2, dk, dg_part, dg_dtype=torch.float32
     HV, V = v.shape[2], v.shape[3]
     C = CHUNK
     bf16 = torch.bfloat16
-    if K != HEAD_DIM or V != HEAD_DIM or HV % H:
-        raise ValueError(f"wu_bwd_gluon: needs K = V = {HEAD_DIM} and HV a multiple of H, got "
-                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+    check_heads("wu_bwd_gluon", k, v, HEAD_DIM)
     tok = (B, T, HV)
     check_operands("wu_bwd_gluon", [
         ("k", k, (B, T, H, K), bf16), ("v", v, tok + (V,), bf16), ("G", G, tok, torch.float64),
