@@ -102,7 +102,7 @@ def rel_diff(x, ref):
 def bench_forward(shapes, bandwidth, fla_chunk, backward, backward_graph=False):
     import triton
     from gdn_fused import chunk_gated_delta_rule
-    from gdn_fused.kernels import fused_fwd
+    from gdn_fused.kernels import chunk_bwd, fused_fwd
     from gdn_fused.kernels.materialized import uses_state_output_kernel
     from gdn_fused.ops import resolve_backend
     gluon = _gluon_kernel("gluon_forward", "gluon_forward", "GDN_BENCH_SKIP_GLUON_FORWARD")
@@ -131,6 +131,15 @@ def bench_forward(shapes, bandwidth, fla_chunk, backward, backward_graph=False):
                                                   output_final_state=True, backend=name)
                     torch.autograd.grad(o, leaves, do)
                 row[f"{name}_fwdbwd_ms"] = triton.testing.do_bench(fwd_bwd, return_mode="median")
+                if name == "fused" and chunk_bwd.overlaps_recompute(True, q, v):
+                    # A/B in the same run: the reverse state pass and the recompute one after
+                    # the other instead of side by side (kernels/chunk_bwd.py)
+                    chunk_bwd.OVERLAP_RECOMPUTE = False
+                    try:
+                        row["fused_fwdbwd_serial_ms"] = triton.testing.do_bench(
+                            fwd_bwd, return_mode="median")
+                    finally:
+                        chunk_bwd.OVERLAP_RECOMPUTE = True
                 if backward_graph:
                     # the same under a CUDA-graph replay: whether a short row's fwd+bwd is
                     # bound by the host (about twenty launches) or by the kernels (opt-in: a
@@ -434,6 +443,7 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS, device="cuda", dtype=t
     ``device``, ``dtype``: the inputs' (a CPU test runs the composition under the interpreter
     with do_bench stubbed)."""
     import triton
+    from gdn_fused.kernels.chunk_bwd import side_by_side
     from gdn_fused.kernels.chunk_bwd_dqkwg import chunk_bwd_dqkwg
     from gdn_fused.kernels.chunk_bwd_dv import chunk_bwd_dv_local
     from gdn_fused.kernels.chunk_bwd_state import chunk_bwd_state
@@ -493,6 +503,14 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS, device="cuda", dtype=t
         # the transposed Gluon chain (kernels/gluon_bwd_state.py; GPU only)
         "chunk_bwd_state transposed gluon": lambda: chunk_bwd_state_t(
             q, k, w, gate_rows, do, dv_local, scale, dht, h0),
+        # the Gluon reverse pass and the recompute at the checkpoints, one after the other
+        # and on two streams (chunk_bwd.side_by_side, where the reverse pass leaves SMs idle)
+        "bwd state gluon, then chunk_state (checkpoints)": lambda: (
+            kernels["chunk_bwd_state transposed gluon"](),
+            kernels["chunk_state (checkpoints)"]()),
+        "bwd state gluon beside chunk_state (checkpoints)": lambda: side_by_side(
+            kernels["chunk_bwd_state transposed gluon"], kernels["chunk_state (checkpoints)"],
+            q.device),
         "chunk_bwd_dqkwg": lambda **kw: chunk_bwd_dqkwg(
             q, k, v_new, h, dh, g, do, dv2, scale, CHUNK, chunk_offsets=offsets,
             dot_precision=prec, **idx, **kw),
@@ -511,7 +529,9 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS, device="cuda", dtype=t
             x.view(B, T, H, HV // H, DIM).sum(3).to(q.dtype) for x in (dq, dk)),
     }
     if not gluon_tiles_apply(q, do, CHUNK, None) or Ai.dtype != torch.bfloat16:
-        for name in ("chunk_bwd_dqkwg gluon", "wu_bwd gluon", "chunk_bwd_state transposed gluon"):
+        for name in ("chunk_bwd_dqkwg gluon", "wu_bwd gluon", "chunk_bwd_state transposed gluon",
+                     "bwd state gluon, then chunk_state (checkpoints)",
+                     "bwd state gluon beside chunk_state (checkpoints)"):
             del kernels[name]
     else:
         from gdn_fused.kernels.gluon_dqkwg import chunk_bwd_dqkwg_gluon

@@ -16,7 +16,8 @@ everything but the output kernel), then runs four kernels:
 (on Hopper, where they apply, the last three as warp-specialized Gluon kernels:
 kernels/gluon_bwd_state.py, kernels/gluon_dqkwg.py, kernels/gluon_wu_bwd.py), then sums dQ
 and dK over the value heads that share a q/k head (GVA, kernels/group_sum.py; the Gluon
-wu_bwd sums dK itself).
+wu_bwd sums dK itself). Where the Gluon reverse pass leaves half the SMs idle (B·HV ≤ 33 on
+the H200) it runs on a side stream beside the recompute of h and v_new (:func:`side_by_side`).
 Derivation and the precision of every intermediate: docs/backward.md.
 
 Why recompute rather than save: h is K·V per chunk and value head (32 KB in bf16 at K = V = 128,
@@ -29,12 +30,13 @@ B = 1, T = 32768 on the H200), as fla's backward reads its forward's A.
 import os
 
 import torch
+import triton
 
 from gdn_fused.kernels.chunk_bwd_dqkwg import chunk_bwd_dqkwg
 from gdn_fused.kernels.chunk_bwd_dv import chunk_bwd_dv_local
 from gdn_fused.kernels.chunk_bwd_state import chunk_bwd_state
 from gdn_fused.kernels.chunk_gate import chunk_cumsum
-from gdn_fused.kernels.chunk_index import chunk_layout
+from gdn_fused.kernels.chunk_index import chunk_layout, sm_count
 from gdn_fused.kernels.chunk_state import chunk_state
 from gdn_fused.kernels.group_sum import group_sum
 from gdn_fused.kernels.kkt import dot_precision
@@ -128,6 +130,49 @@ def recompute_states(q, k, w, u, G, initial_state, chunk_size, N, cu_seqlens, ch
     return h, v_new
 
 
+# The reverse state pass beside the recompute of h and v_new (two streams) where the Gluon
+# reverse pass leaves at least half the SMs idle (B·HV·V / 64 programs, one an SM: B·HV ≤ 33 at
+# V = 128 on the H200's 132 SMs): the two are independent (the reverse pass reads W, not h),
+# and the recompute, chunk-parallel at the forward's checkpoints, fills the idle SMs.
+# GDN_OVERLAP_RECOMPUTE=0 runs them one after the other (A/B timing).
+OVERLAP_RECOMPUTE = os.environ.get("GDN_OVERLAP_RECOMPUTE", "1") != "0"
+
+
+def overlaps_recompute(gluon_reverse, q, v):
+    """Whether the backward runs the reverse state pass and the recompute side by side: the
+    Gluon reverse pass (``gluon_reverse``: :func:`uses_gluon_bwd_state`) on at most half the
+    SMs."""
+    if not OVERLAP_RECOMPUTE or not gluon_reverse or not q.is_cuda:
+        return False
+    from gdn_fused.kernels.gluon_bwd_state import BV
+    programs = v.shape[0] * v.shape[2] * triton.cdiv(v.shape[3], BV)
+    return 2 * programs <= sm_count(q.device)
+
+
+# one high-priority stream a device for side_by_side's first task: its programs are placed
+# first when both launches wait for SMs (a lower number is a higher priority in CUDA)
+_side_streams = {}
+
+
+def side_by_side(first, second, device):
+    """(first(), second()) with ``first``'s launches on a high-priority side stream and
+    ``second``'s on the current one, joined before returning (CUDA-graph capturable: the fork
+    and join are stream waits). What ``first`` allocates comes from the side stream's pool;
+    it is reused only by later side-stream work, which always starts after a fork that orders
+    it behind every current-stream use of the first's results."""
+    current = torch.cuda.current_stream(device)
+    side = _side_streams.get(device)
+    if side is None:
+        # a priority past the device's range maps to its highest (torch.cuda.Stream)
+        side = _side_streams[device] = torch.cuda.Stream(device, priority=-1 << 10)
+    side.wait_stream(current)
+    with torch.cuda.stream(side):
+        a = first()
+    b = second()
+    current.wait_stream(side)
+    return a, b
+
+
 def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens,
                                chunk_size=64, cu_seqlens_cpu=None, Ai=None, checkpoints=None):
     """Gradients of (o, final_state) = chunk_gated_delta_rule(q, k, v, g, beta, ...).
@@ -167,15 +212,21 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, initial_state, do, dht, 
     if Ai is None:
         Ai = chunk_inverse(k, G, beta, HV, chunk_size, default_inverse_dtype(q.dtype), **idx)
     w, u = recompute_w_u(k, v, G, beta, Ai, dot_precision=prec, **idx)
-    h, v_new = recompute_states(q, k, w, u, G, initial_state, chunk_size, N, cu_seqlens,
-                                chunk_offsets, idx["num_chunks"], prec, checkpoints)
-    del u
-    # the backward proper
     dv_local = chunk_bwd_dv_local(q, k, g, do, scale, chunk_size, dot_precision=prec, **idx)
-    dh, dv2, dh0 = reverse_states(q, k, w, g, gate_rows, do, dv_local, scale, dht,
-                                  initial_state, chunk_size, N, cu_seqlens, chunk_offsets,
-                                  idx["num_chunks"], prec)
-    del dv_local
+
+    def reverse():
+        return reverse_states(q, k, w, g, gate_rows, do, dv_local, scale, dht, initial_state,
+                              chunk_size, N, cu_seqlens, chunk_offsets, idx["num_chunks"], prec)
+
+    def recompute():
+        return recompute_states(q, k, w, u, G, initial_state, chunk_size, N, cu_seqlens,
+                                chunk_offsets, idx["num_chunks"], prec, checkpoints)
+    if overlaps_recompute(gate_rows is not None, q, v):
+        (dh, dv2, dh0), (h, v_new) = side_by_side(reverse, recompute, q.device)
+    else:
+        h, v_new = recompute()
+        dh, dv2, dh0 = reverse()
+    del u, dv_local
     dq, dk, dw, dg_part = dqkwg(q, k, v_new, h, dh, g, G, do, dv2, scale, chunk_size,
                                 chunk_offsets, prec, idx)
     del h, dh, v_new

@@ -118,6 +118,52 @@ def test_backward_routes_to_it_and_back(monkeypatch):
     assert len(calls) == 2
 
 
+@pytest.mark.gpu
+def test_reverse_pass_beside_recompute_same_bits_and_capturable(monkeypatch):
+    """At B·HV = 32 (the Gluon reverse pass on 64 SMs) the fused backward runs the reverse pass
+    and the recompute of h and v_new on two streams: the same gradient bits as one after the
+    other, eagerly and replayed from a CUDA graph; at B·HV = 96 (192 programs) it does not."""
+    from gdn_fused import chunk_gated_delta_rule
+    from gdn_fused.kernels import chunk_bwd
+    forks = []
+    real = chunk_bwd.side_by_side
+    monkeypatch.setattr(chunk_bwd, "side_by_side", lambda *a: forks.append(1) or real(*a))
+    q, k, v, g, beta, h0 = make_inputs(1, 8192, 16, 32, 128, 128, torch.bfloat16,
+                                       initial_state=True, device="cuda")
+    leaves = [x.detach().requires_grad_() for x in (q, k, v, g, beta, h0)]
+    do = torch.randn_like(v)
+    dht = torch.randn_like(h0)
+
+    def grads():
+        o, ht = chunk_gated_delta_rule(*leaves[:5], initial_state=leaves[5],
+                                       output_final_state=True, backend="fused")
+        return torch.autograd.grad((o, ht), leaves, (do, dht))
+    monkeypatch.setattr(chunk_bwd, "OVERLAP_RECOMPUTE", False)
+    serial = grads()
+    assert not forks
+    monkeypatch.setattr(chunk_bwd, "OVERLAP_RECOMPUTE", True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the default stream, as before a capture
+        overlapped = grads()
+    torch.cuda.current_stream().wait_stream(side)
+    assert len(forks) == 1
+    for name, a, b in zip(("q", "k", "v", "g", "beta", "h0"), overlapped, serial):
+        assert torch.equal(a, b), name
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = grads()
+    for x in captured:
+        x.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    for name, a, b in zip(("q", "k", "v", "g", "beta", "h0"), captured, serial):
+        assert torch.equal(a, b), name
+    wide = torch.empty(3, 64, 32, 128, device="cuda")
+    assert chunk_bwd.overlaps_recompute(True, q, v) and not chunk_bwd.overlaps_recompute(
+        True, q, wide) and not chunk_bwd.overlaps_recompute(False, q, v)
+
+
 def test_bad_operands_raise_before_launch():
     """Wrong shapes or dtypes give a ValueError naming the argument (no GPU needed)."""
     from gdn_fused.kernels.gluon_bwd_state import chunk_bwd_state_t
