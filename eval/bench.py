@@ -131,7 +131,8 @@ def bench_forward(shapes, bandwidth, fla_chunk, backward, backward_graph=False):
                                                   output_final_state=True, backend=name)
                     torch.autograd.grad(o, leaves, do)
                 row[f"{name}_fwdbwd_ms"] = triton.testing.do_bench(fwd_bwd, return_mode="median")
-                if name == "fused" and chunk_bwd.overlaps_recompute(True, q, v):
+                if name == "fused" and chunk_bwd.overlaps_recompute(
+                        chunk_bwd.uses_gluon_bwd_state(q, v, CHUNK, None), q, v):
                     # A/B in the same run: the reverse state pass and the recompute one after
                     # the other instead of side by side (kernels/chunk_bwd.py)
                     chunk_bwd.OVERLAP_RECOMPUTE = False
@@ -142,8 +143,8 @@ def bench_forward(shapes, bandwidth, fla_chunk, backward, backward_graph=False):
                         chunk_bwd.OVERLAP_RECOMPUTE = True
                 if backward_graph:
                     # the same under a CUDA-graph replay: whether a short row's fwd+bwd is
-                    # bound by the host (about twenty launches) or by the kernels (opt-in: a
-                    # backward capture has not run on the GPU yet)
+                    # bound by the host (about twenty launches) or by the kernels (opt-in: it
+                    # adds a capture a row)
                     row[f"{name}_fwdbwd_graph_ms"] = graph_ms(fwd_bwd)
         if uses_state_output_kernel(q, v, CHUNK, None):
             # A/B in the same run: the materialized forward with chunk_state + chunk_output in

@@ -133,7 +133,9 @@ def recompute_states(q, k, w, u, G, initial_state, chunk_size, N, cu_seqlens, ch
 # The reverse state pass beside the recompute of h and v_new (two streams) where the Gluon
 # reverse pass leaves at least half the SMs idle (B·HV·V / 64 programs, one an SM: B·HV ≤ 33 at
 # V = 128 on the H200's 132 SMs): the two are independent (the reverse pass reads W, not h),
-# and the recompute, chunk-parallel at the forward's checkpoints, fills the idle SMs.
+# and the recompute's programs (chunk-parallel at the forward's checkpoints, else one per
+# sequence, value head and value block) fill the idle SMs. H200, session 17: the pair 1,228 →
+# 1,106 µs at (1, 32768), graph fwd+bwd (1, 8192) 1.47 → 1.42 ms, (1, 2048) 0.47 → 0.43.
 # GDN_OVERLAP_RECOMPUTE=0 runs them one after the other (A/B timing).
 OVERLAP_RECOMPUTE = os.environ.get("GDN_OVERLAP_RECOMPUTE", "1") != "0"
 
@@ -156,20 +158,30 @@ _side_streams = {}
 
 def side_by_side(first, second, device):
     """(first(), second()) with ``first``'s launches on a high-priority side stream and
-    ``second``'s on the current one, joined before returning (CUDA-graph capturable: the fork
-    and join are stream waits). What ``first`` allocates comes from the side stream's pool;
-    it is reused only by later side-stream work, which always starts after a fork that orders
-    it behind every current-stream use of the first's results."""
+    ``second``'s on the current one, joined before returning, also when one raises
+    (CUDA-graph capturable: the fork and join are stream waits).
+
+    ``first``'s inputs must stay referenced until the return (the caller's frame holds them).
+    Its tensor results, allocated from the side stream's pool, are marked as used on the
+    current stream (``record_stream``), so the caching allocator does not hand their memory to
+    later side-stream work while current-stream kernels may still read it; that memory stays
+    cached for the side stream (at (1, 32768) the reverse pass's dh and dv2, 768 MiB, reused by
+    the next backward's)."""
     current = torch.cuda.current_stream(device)
     side = _side_streams.get(device)
     if side is None:
         # a priority past the device's range maps to its highest (torch.cuda.Stream)
         side = _side_streams[device] = torch.cuda.Stream(device, priority=-1 << 10)
     side.wait_stream(current)
-    with torch.cuda.stream(side):
-        a = first()
-    b = second()
-    current.wait_stream(side)
+    try:
+        with torch.cuda.stream(side):
+            a = first()
+        b = second()
+    finally:
+        current.wait_stream(side)
+    for x in a if isinstance(a, (tuple, list)) else (a,):
+        if isinstance(x, torch.Tensor):
+            x.record_stream(current)
     return a, b
 
 

@@ -120,19 +120,24 @@ def test_backward_routes_to_it_and_back(monkeypatch):
 
 @pytest.mark.gpu
 def test_reverse_pass_beside_recompute_same_bits_and_capturable(monkeypatch):
-    """At B·HV = 32 (the Gluon reverse pass on 64 SMs) the fused backward runs the reverse pass
-    and the recompute of h and v_new on two streams: the same gradient bits as one after the
-    other, eagerly and replayed from a CUDA graph; at B·HV = 96 (192 programs) it does not."""
+    """Where the Gluon reverse pass leaves half the SMs idle (B·HV = 8 here: 16 programs) the
+    fused backward runs it on a side stream beside the recompute of h and v_new: the same
+    gradient bits as one after the other, twice in a row without a sync, and replayed from a
+    CUDA graph; at B·HV = 3 · 64 (384 programs) it does not fork."""
     from gdn_fused import chunk_gated_delta_rule
     from gdn_fused.kernels import chunk_bwd
-    forks = []
-    real = chunk_bwd.side_by_side
-    monkeypatch.setattr(chunk_bwd, "side_by_side", lambda *a: forks.append(1) or real(*a))
-    q, k, v, g, beta, h0 = make_inputs(1, 8192, 16, 32, 128, 128, torch.bfloat16,
+    forks, streams = [], []
+    real_fork, real_reverse = chunk_bwd.side_by_side, chunk_bwd.reverse_states
+    monkeypatch.setattr(chunk_bwd, "side_by_side", lambda *a: forks.append(1) or real_fork(*a))
+    monkeypatch.setattr(chunk_bwd, "reverse_states", lambda *a: streams.append(
+        torch.cuda.current_stream()) or real_reverse(*a))
+    # a bf16 h0: the reverse pass's fp32 dh0 is cast back to bf16 on the side stream
+    q, k, v, g, beta, h0 = make_inputs(1, 8192, 4, 8, 128, 128, torch.bfloat16,
                                        initial_state=True, device="cuda")
-    leaves = [x.detach().requires_grad_() for x in (q, k, v, g, beta, h0)]
+    leaves = [x.detach().requires_grad_() for x in (q, k, v, g, beta, h0.bfloat16())]
     do = torch.randn_like(v)
     dht = torch.randn_like(h0)
+    names = ("q", "k", "v", "g", "beta", "h0")
 
     def grads():
         o, ht = chunk_gated_delta_rule(*leaves[:5], initial_state=leaves[5],
@@ -140,26 +145,29 @@ def test_reverse_pass_beside_recompute_same_bits_and_capturable(monkeypatch):
         return torch.autograd.grad((o, ht), leaves, (do, dht))
     monkeypatch.setattr(chunk_bwd, "OVERLAP_RECOMPUTE", False)
     serial = grads()
-    assert not forks
+    assert not forks and streams[-1] == torch.cuda.current_stream()
     monkeypatch.setattr(chunk_bwd, "OVERLAP_RECOMPUTE", True)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up off the default stream, as before a capture
-        overlapped = grads()
+    with torch.cuda.stream(side):  # off the default stream, as before a capture
+        runs = [grads() for _ in range(2)]
+        assert streams[-1] != torch.cuda.current_stream()
     torch.cuda.current_stream().wait_stream(side)
-    assert len(forks) == 1
-    for name, a, b in zip(("q", "k", "v", "g", "beta", "h0"), overlapped, serial):
-        assert torch.equal(a, b), name
+    assert len(forks) == 2
+    for overlapped in runs:
+        for name, a, b in zip(names, overlapped, serial):
+            assert torch.equal(a, b), name
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = grads()
+    assert len(forks) == 3
     for x in captured:
         x.zero_()
     graph.replay()
     torch.cuda.synchronize()
-    for name, a, b in zip(("q", "k", "v", "g", "beta", "h0"), captured, serial):
+    for name, a, b in zip(names, captured, serial):
         assert torch.equal(a, b), name
-    wide = torch.empty(3, 64, 32, 128, device="cuda")
+    wide = torch.empty(3, 64, 64, 128, device="cuda")
     assert chunk_bwd.overlaps_recompute(True, q, v) and not chunk_bwd.overlaps_recompute(
         True, q, wide) and not chunk_bwd.overlaps_recompute(False, q, v)
 
