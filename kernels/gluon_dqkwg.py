@@ -34,7 +34,7 @@ Per item the compute warpgroup runs:
     Q Kᵀ, the gate terms        as chunk_bwd_dqkwg (kernels/chunk_gate_bwd.py's scheme)
     dQ += P K, dK += Pᵀ Q, D = Z L   P = scale · dM ⊙ Γ (dK's product reads it transposed from
                                 shared memory); D: dg's reverse cumsums as one product
-                                (:func:`_gate_bwd_product`); then q and k released
+                                (gluon_ring.gate_bwd_product); then q and k released
     stores dQ and dK (TMA) and dg (this key block's partial, fp32).
 
 Scope: dense batches where no chunk straddles two sequences (B = 1 or T a multiple of 64: a
@@ -53,8 +53,9 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.chunk_index import sm_count
 from gdn_fused.kernels.gluon_ring import (LOAD_REGS, LOAD_WARPS, accumulator_layout, check_heads,
-                                          check_operands, chunk_gates, descriptor_layout,
-                                          ring_barriers, ring_buffers, tile_bytes)
+                                          check_operands, chunk_gates, decay, descriptor_layout,
+                                          dg_of, gate_bwd_product, ring_barriers, ring_buffers,
+                                          tile_bytes)
 
 CHUNK = 64
 HEAD_DIM = 128
@@ -114,37 +115,6 @@ def _producer(descs, bufs, bars, num_items, NBH, T, NT, H: gl.constexpr, HV: gl.
         tma.async_copy_global_to_shared(q_desc, [row, kcol], bar, bufs[5].index(s))
         tma.async_copy_global_to_shared(k_desc, [row, kcol], bar, bufs[6].index(s))
         j += 1
-
-
-@gluon.jit
-def _decay(D, valid):
-    """exp(D) fp32 on valid rows, else 0, for an fp64 exponent D ≤ 0 (chunk_gate.decay)."""
-    return gl.where(valid, gl.exp(gl.where(valid, D, 0.).to(gl.float32)), 0.)
-
-
-@gluon.jit
-def _gate_bwd_product(b_Z, l_tile, acc: gl.constexpr, a_op: gl.constexpr):
-    """The per-token dg from row terms a and strictly-lower pair terms Z without forming
-    cancelling pairs (kernels/chunk_gate_bwd.py) is dg_t = Σ_{i≥t} a_i + Σ_{j<t} Σ_{i≥t} Z_ij.
-    chunk_gate_bwd's reverse cumsums become one product and a masked sum: D_it = Σ_{j<t} Z_ij
-    = (Z L)_it with L_jt = [j < t] (the constant tile ``l_tile``, exact in bf16) and Z from
-    registers as its bf16 high and low halves (~2⁻¹⁷ relative), issued asynchronously here
-    beside the P products; then dg_t = Σ_{i≥t} (a_i + D_it) (:func:`_dg_of`). Measured forms
-    (H200, (1, 32768)): two reverse scans in a blocked layout (Triton 3.6 scans no wgmma
-    layout), 1,900 µs; Z through shared memory and the product after the P products, 1,635;
-    this one 1,427. dg within 2.2e-6 of chunk_bwd_dqkwg's either way."""
-    C: gl.constexpr = b_Z.type.shape[0]
-    z_hi = b_Z.to(gl.bfloat16)
-    z_lo = (b_Z - z_hi.to(gl.float32)).to(gl.bfloat16)
-    D = warpgroup_mma(gl.convert_layout(z_hi, a_op), l_tile, gl.zeros([C, C], gl.float32, acc),
-                      use_acc=False, is_async=True)
-    return warpgroup_mma(gl.convert_layout(z_lo, a_op), l_tile, D, is_async=True)
-
-
-@gluon.jit
-def _dg_of(D, b_a, o_t, o_j):
-    """dg_t = Σ_{i≥t} (a_i + D_it) [C] (columns' layout) from :func:`_gate_bwd_product`'s D."""
-    return gl.sum(gl.where(o_t[:, None] >= o_j[None, :], D + b_a[:, None], 0.), 0)
 
 
 @gluon.jit
@@ -216,12 +186,12 @@ def _compute(bufs, bars, p_tile, o_tile, l_tile, dq_desc, dk_desc, dw_desc, G, d
         last = gl.minimum(BT, T - i_t * BT) - 1
         # through the state leaving the chunk: e^{G_C} ⟨h, dh⟩ (a row term of G_C) and the keys
         # decayed by e^{G_C − G_j} (pair terms (C, j), j < C)
-        b_dk = b_dk * _decay(G_last - b_G, valid)[:, None]
+        b_dk = b_dk * decay(G_last - b_G, valid)[:, None]
         b_a = gl.where(o_t == last, hdh * gl.exp(G_last.to(gl.float32)), 0.)
         zk = gl.convert_layout(gl.sum(b_dk * kf, 1), cols)
         b_Z = gl.where((o_t[:, None] == last) & (o_j[None, :] < last), zk[None, :], 0.)
         # through the inter-chunk output term scale·e^{G_i} q_i h: row terms
-        b_dq = b_dq * (scale * _decay(b_G, valid))[:, None]
+        b_dq = b_dq * (scale * decay(b_G, valid))[:, None]
         b_a += gl.sum(b_dq * qf, 1)
         # through the intra-chunk output term: pair terms P_ij q_i·k_j below the diagonal
         incl = (o_t[:, None] >= o_j[None, :]) & valid[:, None]
@@ -235,14 +205,14 @@ def _compute(bufs, bars, p_tile, o_tile, l_tile, dq_desc, dk_desc, dw_desc, G, d
         gl.thread_barrier()
         b_dq = warpgroup_mma(gl.convert_layout(p16, a_op), k_bufs.index(s), b_dq, is_async=True)
         b_dk = warpgroup_mma(p_tile.permute((1, 0)), q_bufs.index(s), b_dk, is_async=True)
-        D = _gate_bwd_product(b_Z, l_tile, acc, a_op)
+        D = gate_bwd_product(b_Z, l_tile, acc, a_op)
         b_dq, b_dk, D = warpgroup_mma_wait(0, deps=[b_dq, b_dk, D])
         # every warp past its reads of q, k (and of P's tile) before the one arrive
         gl.thread_barrier()
         mbarrier.arrive(empty_small.index(s), count=1)
         # P's tile is free now; dW's staging tile once its store has read it
         tma.store_wait(0)
-        b_dg = _dg_of(D, b_a, o_t, o_j)
+        b_dg = dg_of(D, b_a, o_t, o_j)
         # dQ staged in P's tile, dK in dW's
         p_tile.store(b_dq.to(gl.bfloat16))
         o_tile.store(b_dk.to(gl.bfloat16))

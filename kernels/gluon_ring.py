@@ -1,15 +1,17 @@
-"""What the warp-specialized Gluon kernels (gluon_state, gluon_state_output, gluon_transposed)
-share:
+"""What the warp-specialized Gluon kernels (gluon_state, gluon_state_output, gluon_transposed,
+gluon_dqkwg, gluon_wu_bwd, gluon_bwd_state) share:
 the TMA producer, in which one warp streams a chunk's tiles into a ring of shared-memory
 stages, a ready/empty mbarrier pair per stage, while the consumer warpgroup works on the
 previous chunk; the ring's buffers and barriers; the program's place in the grid; the
-consumer's accumulator layout and its state tile.
+consumer's accumulator layout and its state tile; the backward's gate terms (decay,
+gate_bwd_product, dg_of); operand checks.
 """
 import functools
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                              warpgroup_mma)
 
 LOAD_WARPS = gl.constexpr(1)
 LOAD_REGS = gl.constexpr(24)  # the minimum setmaxnreg budget; the producer holds only scalars
@@ -114,6 +116,37 @@ def chunk_gates(G, bos, i_t, T, o_t, HV: gl.constexpr, i_hv):
     b_G = gl.load(G + (bos + t).to(gl.int64) * HV + i_hv, mask=valid, other=0.)
     G_last = gl.load(G + (bos + gl.minimum((i_t + 1) * BT, T) - 1).to(gl.int64) * HV + i_hv)
     return valid, b_G, G_last
+
+
+@gluon.jit
+def decay(D, valid):
+    """exp(D) fp32 on valid rows, else 0, for an fp64 exponent D ≤ 0 (chunk_gate.decay)."""
+    return gl.where(valid, gl.exp(gl.where(valid, D, 0.).to(gl.float32)), 0.)
+
+
+@gluon.jit
+def gate_bwd_product(b_Z, l_tile, acc: gl.constexpr, a_op: gl.constexpr):
+    """The per-token dg from row terms a and strictly-lower pair terms Z without forming
+    cancelling pairs (kernels/chunk_gate_bwd.py) is dg_t = Σ_{i≥t} a_i + Σ_{j<t} Σ_{i≥t} Z_ij.
+    chunk_gate_bwd's reverse cumsums become one product and a masked sum: D_it = Σ_{j<t} Z_ij
+    = (Z L)_it with L_jt = [j < t] (the constant tile ``l_tile``, exact in bf16) and Z from
+    registers as its bf16 high and low halves (~2⁻¹⁷ relative), issued asynchronously here
+    beside the P products; then dg_t = Σ_{i≥t} (a_i + D_it) (:func:`dg_of`). Used by
+    gluon_dqkwg and gluon_wu_bwd; measured forms in gluon_dqkwg (H200, (1, 32768)): two reverse scans in a blocked layout (Triton 3.6 scans no wgmma
+    layout), 1,900 µs; Z through shared memory and the product after the P products, 1,635;
+    this one 1,427. dg within 2.2e-6 of chunk_bwd_dqkwg's either way."""
+    C: gl.constexpr = b_Z.type.shape[0]
+    z_hi = b_Z.to(gl.bfloat16)
+    z_lo = (b_Z - z_hi.to(gl.float32)).to(gl.bfloat16)
+    D = warpgroup_mma(gl.convert_layout(z_hi, a_op), l_tile, gl.zeros([C, C], gl.float32, acc),
+                      use_acc=False, is_async=True)
+    return warpgroup_mma(gl.convert_layout(z_lo, a_op), l_tile, D, is_async=True)
+
+
+@gluon.jit
+def dg_of(D, b_a, o_t, o_j):
+    """dg_t = Σ_{i≥t} (a_i + D_it) [C] (columns' layout) from :func:`gate_bwd_product`'s D."""
+    return gl.sum(gl.where(o_t[:, None] >= o_j[None, :], D + b_a[:, None], 0.), 0)
 
 
 @gluon.jit

@@ -58,10 +58,10 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.chunk_index import sm_count
-from gdn_fused.kernels.gluon_dqkwg import _decay, _dg_of, _gate_bwd_product
 from gdn_fused.kernels.gluon_ring import (LOAD_REGS, LOAD_WARPS, accumulator_layout, check_heads,
-                                          check_operands, chunk_gates, descriptor_layout,
-                                          ring_barriers, ring_buffers, tile_bytes)
+                                          check_operands, chunk_gates, decay, descriptor_layout,
+                                          dg_of, gate_bwd_product, ring_barriers, ring_buffers,
+                                          tile_bytes)
 
 CHUNK = 64
 HEAD_DIM = 128
@@ -210,7 +210,7 @@ def _compute(bufs, bars, x_tiles, sum_tiles, l_tile, dv_desc, dko_desc, G, beta,
         Y1 = warpgroup_mma(t_t, du1, zero, use_acc=False, is_async=True)
         KK = warpgroup_mma(k0, k0.permute((1, 0)), zero, use_acc=False, is_async=True)
         KK = warpgroup_mma(k1, k1.permute((1, 0)), KK, is_async=True)
-        b_eG = _decay(b_G, valid)
+        b_eG = decay(b_G, valid)
         b_bg = b_beta * b_eG
         M1, M2, Y0, Y1 = warpgroup_mma_wait(2, deps=[M1, M2, Y0, Y1])
         Tf = t_s.load(acc).to(gl.float32)  # T_ji: rows j, columns i
@@ -260,7 +260,7 @@ def _compute(bufs, bars, x_tiles, sum_tiles, l_tile, dv_desc, dko_desc, G, beta,
         E = gl.where(strict, -dA * gl.exp(gl.where(strict, diff, 0.)), 0.)
         Ekk = E * KK
         b_db += gl.sum(Ekk, 1)
-        D = _gate_bwd_product(Ekk * b_beta[:, None], l_tile, acc, a_op)
+        D = gate_bwd_product(Ekk * b_beta[:, None], l_tile, acc, a_op)
         # F = diag(β) E once in bf16: F from registers and Fᵀ from x_a (Tᵀ dT's products have
         # read it)
         F = (E * b_beta[:, None]).to(gl.bfloat16)
@@ -282,7 +282,7 @@ def _compute(bufs, bars, x_tiles, sum_tiles, l_tile, dv_desc, dko_desc, G, beta,
         # k, dW, T and dK's partial are read: every warp past them before the one arrive
         gl.thread_barrier()
         mbarrier.arrive(empty_late.index(s), count=1)
-        b_dg = gl.convert_layout(b_dg, cols) + _dg_of(D, b_a, o_t, o_j)
+        b_dg = gl.convert_layout(b_dg, cols) + dg_of(D, b_a, o_t, o_j)
         gl.store(dg + (row + o_j).to(gl.int64) * HV + i_hv, b_dg.to(dg.dtype.element_ty),
                  mask=i_t * BT + o_j < T)
         gl.store(dbeta + (row + o_t).to(gl.int64) * HV + i_hv,
