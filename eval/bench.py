@@ -444,7 +444,7 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS, device="cuda", dtype=t
     ``device``, ``dtype``: the inputs' (a CPU test runs the composition under the interpreter
     with do_bench stubbed)."""
     import triton
-    from gdn_fused.kernels.chunk_bwd import side_by_side
+    from gdn_fused.kernels.streams import side_by_side
     from gdn_fused.kernels.chunk_bwd_dqkwg import chunk_bwd_dqkwg
     from gdn_fused.kernels.chunk_bwd_dv import chunk_bwd_dv_local
     from gdn_fused.kernels.chunk_bwd_state import chunk_bwd_state
@@ -505,7 +505,7 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS, device="cuda", dtype=t
         "chunk_bwd_state transposed gluon": lambda: chunk_bwd_state_t(
             q, k, w, gate_rows, do, dv_local, scale, dht, h0),
         # the Gluon reverse pass and the recompute at the checkpoints, one after the other
-        # and on two streams (chunk_bwd.side_by_side, where the reverse pass leaves SMs idle)
+        # and on two streams (streams.side_by_side, where the reverse pass leaves SMs idle)
         "bwd state gluon, then chunk_state (checkpoints)": lambda: (
             kernels["chunk_bwd_state transposed gluon"](),
             kernels["chunk_state (checkpoints)"]()),
@@ -574,13 +574,15 @@ def sweep_launch(shapes):
 
 
 def sweep_forward_t(shapes):
-    """forward_t (the fused backend's kernel after the inverse) at each shape: by default, with
-    P formed by the W/U warpgroup (P_ON_WU), with two staging tiles for O (O_BUFFERS = 2)
-    and by default again (the first timing of a shape ran 5–10 % slow in session 13's run),
-    split as the route splits, each against the default's o; then, unsplit, its roles added
-    one at a time (the chain alone with W and U from HBM, + the W/U warpgroup, + one output
-    warpgroup, and the chain with one or two output warpgroups and W, U from HBM): what each
-    role adds to a chunk step. do_bench medians in µs."""
+    """forward_t (the fused backend's kernel after the inverse) at each shape: by default (V'
+    formed on the chain, two output warpgroups), in its W/U-warpgroup form with and without
+    P formed there (P_ON_WU), with two staging tiles for O (O_BUFFERS = 2) and by default
+    again (the first timing of a shape ran 5–10 % slow in session 13's run), split as the
+    route splits, each against the default's o; then, unsplit, its roles added one at a time
+    (the chain alone with W and U from HBM, + the W/U warpgroup, + one output warpgroup, the
+    chain with one or two output warpgroups and W, U from HBM, the chain forming V' alone
+    and with two output warpgroups): what each role adds to a chunk step. do_bench medians
+    in µs."""
     import triton
     forward_t = _gluon_kernel("gluon_transposed", "forward_t",
                               "GDN_BENCH_SKIP_GLUON_T_EXPERIMENTAL")
@@ -608,6 +610,11 @@ def sweep_forward_t(shapes):
                 q, k, w, u, rows_g, 0.1, h0, True, True, stages, 1, False, output_groups=1),
             "chain + two output warpgroups, W and U from HBM": lambda: gt._launch(
                 q, k, w, u, rows_g, 0.1, h0, True, True, stages, 1, False, output_groups=2),
+            "chain forming V' from T and v": lambda: gt._launch(
+                q, k, Ai, v, rows, 0.1, h0, True, False, stages, 1, True, t_on_chain=True),
+            "chain forming V' + two output warpgroups (forward_t)": lambda: gt._launch(
+                q, k, Ai, v, rows, 0.1, h0, True, True, stages, 1, True, t_on_chain=True,
+                output_groups=2),
         }
         for name, fn in roles.items():
             fn()
@@ -615,17 +622,21 @@ def sweep_forward_t(shapes):
             print(f"forward_t roles B={B} T={T} {name}: {us:.1f} us, "
                   f"{us / triton.cdiv(T, CHUNK):.2f} us a chunk", flush=True)
         o_ref = None
-        variants = {"default": {}, "P on the W/U warpgroup": dict(variant=dict(P_ON_WU=True)),
+        variants = {"default": {}, "W/U warpgroup": dict(t_on_chain=False),
+                    "W/U warpgroup, P on it": dict(t_on_chain=False,
+                                                   variant=dict(P_ON_WU=True)),
                     "two staging tiles for O": dict(variant=dict(O_BUFFERS=2)),
-                    "default, again": {}}
+                    "unsplit": dict(segments=1), "two segments by maps": dict(segments=2)}
+        variants["W/U warpgroup, unsplit"] = dict(t_on_chain=False, segments=1)
+        variants["default, again"] = {}
         for name, kw in variants.items():
             o, _ = forward_t(q, k, v, G, beta, Ai, 0.1, h0, True, **kw)
             o_ref = o if o_ref is None else o_ref
-            us = 1e3 * triton.testing.do_bench(
-                lambda: forward_t(q, k, v, G, beta, Ai, 0.1, h0, True, **kw),
-                return_mode="median")
-            print(f"forward_t B={B} T={T} {name}: {us:.1f} us, rel diff of o "
-                  f"{rel_diff(o, o_ref):.2e}", flush=True)
+            fn = lambda: forward_t(q, k, v, G, beta, Ai, 0.1, h0, True, **kw)  # noqa: E731
+            us = 1e3 * triton.testing.do_bench(fn, return_mode="median")
+            graph = 1e3 * triton.testing.do_bench_cudagraph(fn, return_mode="median")
+            print(f"forward_t B={B} T={T} {name}: {us:.1f} us (graph {graph:.1f}), rel diff "
+                  f"of o {rel_diff(o, o_ref):.2e}", flush=True)
         torch.cuda.empty_cache()
 
 

@@ -288,6 +288,13 @@ def _gluon_transposed_wu_checkpoints():
     return fn, {**sig, "checkpoints": "*fp32"}, {**consts, "CKPT_EVERY": SEGMENT_CHUNKS}
 
 
+def _gluon_transposed_chain_t(output: bool = True, map_pass: bool = False):
+    """forward_t with V' formed on the chain from T and v (CHAIN_T): the ring as with WU, no
+    W/U warpgroup; two output warpgroups on alternate chunks when it has the output."""
+    fn, sig, consts = _gluon_transposed_wu(output, map_pass)
+    return fn, sig, {**consts, "WU": False, "CHAIN_T": True, "OUT_GROUPS": 2 if output else 1}
+
+
 def _gluon_dqkwg():
     """The backward's dq/dk/dw/dg kernel in Gluon (kernels/gluon_dqkwg.py)."""
     from gdn_fused.kernels.gluon_dqkwg import (DESCRIPTOR_BLOCKS, STAGES,
@@ -394,6 +401,10 @@ def _kernels() -> dict:
             _gluon_transposed_wu, dict(num_warps=4, maxnreg=T_MAXNREG_WU)),
         "forward transposed gluon, W/U on chip, checkpoints": (
             _gluon_transposed_wu_checkpoints, dict(num_warps=4, maxnreg=T_MAXNREG_WU)),
+        "forward transposed gluon, V' on the chain": (
+            _gluon_transposed_chain_t, dict(num_warps=4, maxnreg=T_MAXNREG_2)),
+        "segment maps transposed gluon, V' on the chain": (
+            lambda: _gluon_transposed_chain_t(False, True), dict(num_warps=4, maxnreg=T_MAXNREG)),
         "chunk_bwd_dqkwg gluon": (_gluon_dqkwg, dict(num_warps=4, maxnreg=DQKWG_MAXNREG)),
         "wu_bwd gluon": (_gluon_wu_bwd, dict(num_warps=4, maxnreg=WU_BWD_MAXNREG)),
         "chunk_bwd_state transposed gluon": (_gluon_bwd_state,

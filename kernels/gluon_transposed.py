@@ -133,6 +133,9 @@ O_STAGING = gl.constexpr(1)
 # output warpgroups taking alternate chunks (OUT_GROUPS), and the launch's register cap then
 # (4 + 4 + 4 + 1 warps, padded to 16, as with W/U on chip)
 OUTPUT_GROUPS = 2
+# forward_t's V' formed by the chain from T and v (CHAIN_T), two output warpgroups, no W/U
+# warpgroup (session 18; the W/U form is t_on_chain=False)
+T_ON_CHAIN = True
 MAXNREG_TWO_OUTPUTS = 128
 # the main launch's constexprs chunk_state_output_t's and forward_t's ``variant`` may set
 # (launch variants for eval.bench, each measured, docs/speed_log.md): Q in registers with the
@@ -394,9 +397,12 @@ def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_b
                      HV: gl.constexpr, K: gl.constexpr, SW: gl.constexpr,
                      USE_INITIAL_STATE: gl.constexpr, STORE_FINAL_STATE: gl.constexpr,
                      HANDOFF: gl.constexpr, MAP: gl.constexpr, NS: gl.constexpr,
-                     WU: gl.constexpr, checkpoints, CKPT_EVERY: gl.constexpr):
+                     WU: gl.constexpr, checkpoints, CKPT_EVERY: gl.constexpr,
+                     CHAIN_T: gl.constexpr = False):
     """The state recurrence (w_bufs / u_bufs: the ring's W and U tiles, or with WU the W/U
-    warpgroup's, ready on wu_ready); HANDOFF: hand h_c and V' to the second warpgroup;
+    warpgroup's, ready on wu_ready; with CHAIN_T the ring's T and v tiles, from which the
+    chain forms V'ᵀ = (Vᵀ − Sᵀ Kᵀ D_{e^G}) D_β Tᵀ itself); HANDOFF: hand h_c and V' to the
+    second warpgroup;
     CKPT_EVERY > 0: store the fp32 state entering chunks CKPT_EVERY, 2·CKPT_EVERY, … to
     checkpoints ([cdiv(NT, CKPT_EVERY) − 1, B, HV, K, V]) for the backward's recompute."""
     BT: gl.constexpr = k_bufs.type.shape[1]
@@ -428,8 +434,15 @@ def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_b
             mbarrier.wait(wu_ready.index(s), phase)
         s16 = S.to(gl.bfloat16)
         s_op = gl.convert_layout(s16, a_t)
-        X = warpgroup_mma(s_op, w_bufs.index(s).permute((1, 0)),
-                          gl.zeros([BVr, BT], gl.float32, acc_t), use_acc=False, is_async=True)
+        if CHAIN_T:
+            # Sᵀ Kᵀ: the keys as loaded (their e^G scales the product's columns below)
+            X = warpgroup_mma(s_op, k_bufs.index(s).permute((1, 0)),
+                              gl.zeros([BVr, BT], gl.float32, acc_t), use_acc=False,
+                              is_async=True)
+        else:
+            X = warpgroup_mma(s_op, w_bufs.index(s).permute((1, 0)),
+                              gl.zeros([BVr, BT], gl.float32, acc_t), use_acc=False,
+                              is_async=True)
         if HANDOFF:
             # chunk j − STAGES's h_c and V' read by the second warpgroup (passes at once the
             # first STAGES times, as the ring's empty barriers)
@@ -439,6 +452,10 @@ def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_b
         # for it)
         b_G = _gate_row(g_bufs, s, 0).load(gl.SliceLayout(0, acc_t))
         decay, gam = _chunk_decay(b_G, i_t, T, o_c)
+        if CHAIN_T:
+            # β is 0 past T (the gate rows are zero-padded): those columns drop out of Tᵀ
+            b_beta = _gate_row(g_bufs, s, 1).load(gl.SliceLayout(0, acc_t)).to(gl.float32)
+            e_G = gl.exp(b_G.to(gl.float32))
         # register operands stay live (deps) until the products reading them have retired
         X, s_op = warpgroup_mma_wait(num_outstanding=0, deps=[X, s_op])
         # (u read before the wait: ptxas then spills with two output warpgroups and the
@@ -448,7 +465,15 @@ def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_b
             # (a product, not a select: a non-finite u would reach all of M, where unsplit it
             # stays in its column; non-finite inputs give non-finite outputs either way)
             vn = vn * u_keep
-        vn = vn - X
+        if CHAIN_T:
+            # V − D_{e^G} K S rounded to bf16 after the subtraction (W and U, rounded before
+            # it, are never formed), then its product with T
+            x_op = gl.convert_layout(((vn - X * e_G[None, :]) * b_beta[None, :])
+                                     .to(gl.bfloat16), a_t)
+            vn = warpgroup_mma(x_op, w_bufs.index(s).permute((1, 0)),
+                               gl.zeros([BVr, BT], gl.float32, acc_t), use_acc=False)
+        else:
+            vn = vn - X
         d_op = gl.convert_layout((vn * decay[None, :]).to(gl.bfloat16), a_k)
         S = warpgroup_mma(d_op, k_bufs.index(s), S * gam, is_async=True)
         if HANDOFF:
@@ -489,7 +514,8 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
                                 OUT_REGS_TWO: gl.constexpr = OUT_REGS,
                                 P_ON_WU: gl.constexpr = False,
                                 O_BUFFERS: gl.constexpr = O_STAGING,
-                                checkpoints=None, CKPT_EVERY: gl.constexpr = 0):
+                                checkpoints=None, CKPT_EVERY: gl.constexpr = 0,
+                                CHAIN_T: gl.constexpr = False):
     """Grid (SW / BV, B·HV, segments). MAP: the state pass alone over the K + V columns of
     [M | b] from [I | 0] (SW = K + V) for segments 0 … NS − 2, each stored to ht's segment
     slab; else the pass with the output over segment i_seg (SW = V), starting from h0's
@@ -501,7 +527,10 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
     alternate chunks. P_ON_WU (with WU and OUTPUT): the W/U warpgroup forms each chunk's
     masked scores P for the output warpgroup (8 KB a stage more shared memory). O_BUFFERS:
     TMA staging tiles of O an output warpgroup (8 KB each). CKPT_EVERY > 0 (not with MAP):
-    the chain stores the states entering every CKPT_EVERY-th chunk to checkpoints."""
+    the chain stores the states entering every CKPT_EVERY-th chunk to checkpoints. CHAIN_T
+    (not with WU): the ring as with WU (T, v, [2, C] gate tiles), but the chain forms V' from
+    them itself (V' = T D_β (V − D_{e^G} K S)) and no warpgroup forms W or U."""
+    gl.static_assert(not (CHAIN_T and WU), "CHAIN_T replaces the W/U warpgroup")
     gl.static_assert(CKPT_EVERY == 0 or not MAP, "the maps' launch stores no checkpoints")
     gl.static_assert(OUT_GROUPS == 1 or ((OUTPUT or STORE_H) and not WU),
                      "two output groups need the output or STORE_H")
@@ -525,7 +554,7 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
     else:
         u_col = i_hv * V + i_v * BVr
     # W's ring column: w's head, or T's (C columns a value head)
-    if WU:
+    if WU or CHAIN_T:
         w_col = i_hv * BT
         g_row = 2 * (i_n * HV + i_hv)
     else:
@@ -595,7 +624,7 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
             (_chain_partition, (k_bufs, wp_bufs, up_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                 sv_ready, sv_empty, wu_ready, h0, ht, T, c0, n, i_n, i_hv,
                                 i_v, i_seg, HV, K, SW, USE_INITIAL_STATE, STORE_FINAL_STATE,
-                                HANDOFF, MAP, NS, WU, checkpoints, CKPT_EVERY)),
+                                HANDOFF, MAP, NS, WU, checkpoints, CKPT_EVERY, CHAIN_T)),
             (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                  sv_ready, sv_empty, o_smem, o_desc, o, scale, T, c0,
                                  n if HANDOFF else 0, i_n, i_hv, i_v, HV, V, STORE_H, h, 0, 1,
@@ -614,7 +643,7 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
             (_chain_partition, (k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                 sv_ready, sv_empty, sv_ready, h0, ht, T, c0, n, i_n, i_hv,
                                 i_v, i_seg, HV, K, SW, USE_INITIAL_STATE, STORE_FINAL_STATE,
-                                HANDOFF, MAP, NS, WU, checkpoints, CKPT_EVERY)),
+                                HANDOFF, MAP, NS, WU, checkpoints, CKPT_EVERY, CHAIN_T)),
             (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                  sv_ready, sv_empty, o_smem, o_desc, o, scale, T, c0,
                                  n, i_n, i_hv, i_v, HV, V, STORE_H, h, 0, 2, Q_REGS, None,
@@ -632,7 +661,7 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
             (_chain_partition, (k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                 sv_ready, sv_empty, sv_ready, h0, ht, T, c0, n, i_n, i_hv,
                                 i_v, i_seg, HV, K, SW, USE_INITIAL_STATE, STORE_FINAL_STATE,
-                                HANDOFF, MAP, NS, WU, checkpoints, CKPT_EVERY)),
+                                HANDOFF, MAP, NS, WU, checkpoints, CKPT_EVERY, CHAIN_T)),
             (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                  sv_ready, sv_empty, o_smem, o_desc, o, scale, T, c0,
                                  n if HANDOFF else 0, i_n, i_hv, i_v, HV, V, STORE_H, h, 0, 1,
@@ -760,11 +789,12 @@ def _gate_rows(rows, B, T, HV):
 
 def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_final_state,
             output, num_stages, segments, wu, h=None, output_groups=1, variant=None,
-            checkpoints=None):
+            checkpoints=None, t_on_chain=False):
     """Descriptors, then (when split) the map launch and the composition, then the main
-    launch; w_tiles / u_tiles: W and U, or with ``wu`` T and v; with ``h`` (STORE_H) the
-    main launch stores h_c into it and V' into the returned "o"; with ``checkpoints`` the
-    chain stores the states entering every SEGMENT_CHUNKS-th chunk there."""
+    launch; w_tiles / u_tiles: W and U, or with ``wu`` T and v (V' then formed by the W/U
+    warpgroup, or with ``t_on_chain`` by the chain); with ``h`` (STORE_H) the main launch
+    stores h_c into it and V' into the returned "o"; with ``checkpoints`` the chain stores
+    the states entering every SEGMENT_CHUNKS-th chunk there."""
     B, T, H, K = q.shape
     HV, V = u_tiles.shape[2], u_tiles.shape[3]
     q, k, w_tiles, u_tiles = (x.contiguous() for x in (q, k, w_tiles, u_tiles))
@@ -783,8 +813,10 @@ def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_fina
                                (DESCRIPTOR_BLOCKS["g"], GATE_LAYOUT))
     descs.append(TensorDescriptor.from_tensor(gate_rows, gate_block, gate_layout))
     NS = min(segments or num_segments(B * HV, NT, sm_count(q.device)), NT)
-    consts = dict(H=H, HV=HV, K=K, V=V, NS=NS, STAGES=num_stages, num_warps=4, WU=wu)
-    cap = MAXNREG_WU if wu else MAXNREG
+    chain_t = wu and t_on_chain
+    consts = dict(H=H, HV=HV, K=K, V=V, NS=NS, STAGES=num_stages, num_warps=4,
+                  WU=wu and not chain_t, CHAIN_T=chain_t)
+    cap = MAXNREG_WU if wu and not chain_t else MAXNREG
     if NS > 1:
         # the maps [M | b] of segments 0 … NS − 2 (the only HBM besides o and the state)
         maps = q.new_empty(NS - 1, B, HV, K, K + V, dtype=torch.float32)
@@ -798,7 +830,7 @@ def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_fina
                   STORE_H=h is not None, h=h, OUT_GROUPS=output_groups, **(variant or {}),
                   checkpoints=checkpoints,
                   CKPT_EVERY=SEGMENT_CHUNKS if checkpoints is not None else 0,
-                         maxnreg=MAXNREG_TWO_OUTPUTS if output_groups == 2 else cap, **consts)
+                  maxnreg=MAXNREG_TWO_OUTPUTS if output_groups == 2 else cap, **consts)
     return (o if output or h is not None else None), ht
 
 
@@ -859,7 +891,7 @@ def chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state
 
 
 def forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state, segments=None,
-              gate_rows=None, variant=None, checkpoints=None):
+              gate_rows=None, variant=None, checkpoints=None, t_on_chain=None):
     """The forward after the inverse in one kernel, W and U formed on chip by a fourth
     warpgroup (``WU``) instead of read from recompute_w_u: the fused backend's forward on
     Hopper (kernels/fused_fwd.py; timings and precision in the module docstring).
@@ -868,8 +900,10 @@ def forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state, se
     cumulated within each chunk of 64); beta [B, T, HV]; Ai [B, T, HV, 64] bf16, T = (I + A)⁻¹
     of each chunk as kkt_solve_from_k returns it; gate_rows: the (G, β) rows as
     chunk_cumsum(..., gate_rows=[beta]) writes them, or None to lay them out here;
-    checkpoints: as :func:`chunk_state_output_t`'s; the rest
-    (variant too: launch variants such as P_ON_WU) as :func:`chunk_state_output_t`.
+    checkpoints: as :func:`chunk_state_output_t`'s; t_on_chain: V' formed by the chain
+    from T and v with two output warpgroups (``CHAIN_T``) instead of W and U by a fourth
+    warpgroup (None: ``T_ON_CHAIN``); the rest (variant too: launch variants such as
+    P_ON_WU, of the W/U form) as :func:`chunk_state_output_t`.
     Returns (o [B, T, HV, 128] bf16, final state fp32 or None); raises ValueError as
     chunk_state_output_t does (naming v and Ai), and for checkpoints of another shape."""
     check_state_inputs("forward_t", q, k, v, G, initial_state, segments,
@@ -880,9 +914,11 @@ def forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state, se
     B, T, HV = G.shape
     gate_rows = _rows_given_or_laid_out("forward_t", gate_rows, [G, beta], B, T, HV)
     checkpoints = _check_checkpoints("forward_t", checkpoints, B, T, HV)
+    t_on_chain = T_ON_CHAIN if t_on_chain is None else t_on_chain
     return _launch(q, k, Ai, v, gate_rows, scale, initial_state,
                    output_final_state, True, NUM_STAGES, segments, True, variant=variant,
-                   checkpoints=checkpoints)
+                   checkpoints=checkpoints, t_on_chain=t_on_chain,
+                   output_groups=OUTPUT_GROUPS if t_on_chain else 1)
 
 
 def chunk_state_t(k, w, u, G, initial_state, output_final_state, segments=1, store_groups=2):

@@ -29,6 +29,10 @@ from tests.test_gluon_state_output import (assert_like_triton_state_output,  # n
     # scalar spills in the W/U role's loop (measured; 48 in its map pass)
     ("forward transposed gluon, W/U on chip", 40, 8, 36, 128, 227),
     ("segment maps transposed gluon, W/U on chip", 20, 5, 48, 128, 227),
+    # V' formed on the chain (the default forward_t): + Xᵀ Tᵀ (4 k-steps) on the chain, two
+    # output warpgroups; its map pass is the chain and the producer alone (68 KB)
+    ("forward transposed gluon, V' on the chain", 56, 9, 60, 128, 227),
+    ("segment maps transposed gluon, V' on the chain", 16, 5, 0, 168, 227),
     # h and v_new stored by two warpgroups on alternate chunks (no products there; no q)
     ("state pass storing h transposed gluon (experimental)", 12, 6, 0, 128, 227),
 ])
@@ -362,18 +366,22 @@ def test_forward_variants_give_the_same_bits(B, T, H, HV, gate, segments):
     the W/U warpgroup.)"""
     _hopper()
     q, k, v, g, beta, h0, G, Ai, w, u = forward_intermediates(B, T, H, HV, True, T + HV, gate)
-    o, ht = gluon_transposed.forward_t(q, k, v, G, beta, Ai, 0.125, h0, True,
-                                       segments=segments)
-    assert torch.isfinite(o).all()
     kept = []
-    for kw in (dict(variant=dict(P_ON_WU=True)), dict(variant=dict(O_BUFFERS=1)),
-               dict(variant=dict(O_BUFFERS=2)), dict(variant=dict(P_ON_WU=True, O_BUFFERS=2))):
-        torch.full_like(o, float("nan")), torch.full_like(ht, float("nan"))
-        kept.append(gluon_transposed.forward_t(q, k, v, G, beta, Ai, 0.125, h0, True,
-                                               segments=segments, **kw))
-        o_v, ht_v = kept[-1]
-        assert torch.equal(o_v, o), (kw, rel_err(o_v, o))
-        assert torch.equal(ht_v, ht), (kw, rel_err(ht_v, ht))
+    for chain in (False, True):
+        o, ht = gluon_transposed.forward_t(q, k, v, G, beta, Ai, 0.125, h0, True,
+                                           segments=segments, t_on_chain=chain)
+        assert torch.isfinite(o).all()
+        variants = [dict(variant=dict(O_BUFFERS=1)), dict(variant=dict(O_BUFFERS=2))]
+        if not chain:
+            variants += [dict(variant=dict(P_ON_WU=True)),
+                         dict(variant=dict(P_ON_WU=True, O_BUFFERS=2))]
+        for kw in variants:
+            torch.full_like(o, float("nan")), torch.full_like(ht, float("nan"))
+            kept.append(gluon_transposed.forward_t(q, k, v, G, beta, Ai, 0.125, h0, True,
+                                                   segments=segments, t_on_chain=chain, **kw))
+            o_v, ht_v = kept[-1]
+            assert torch.equal(o_v, o), (chain, kw, rel_err(o_v, o))
+            assert torch.equal(ht_v, ht), (chain, kw, rel_err(ht_v, ht))
     for groups in (1, 2):
         o, ht = gluon_transposed.chunk_state_output_t(
             q, k, w, u, G, 0.125, h0, True, segments=segments, output_groups=groups,
@@ -406,7 +414,8 @@ def test_forward_with_w_u_on_chip(B, T, H, HV, gate, segments):
     _hopper()
     q, k, v, g, beta, h0, G, Ai, w, u = forward_intermediates(B, T, H, HV, True, T + HV, gate)
     scale = 128 ** -0.5
-    o, ht = gluon_transposed.forward_t(q, k, v, G, beta, Ai, scale, h0, True, segments=segments)
+    o, ht = gluon_transposed.forward_t(q, k, v, G, beta, Ai, scale, h0, True, segments=segments,
+                                       t_on_chain=False)
     w_c, u_c = _w_u_as_on_chip(k, v, G, beta, Ai)
     o_c, ht_c = gluon_transposed.chunk_state_output_t(q, k, w_c, u_c, G, scale, h0, True,
                                                       segments=segments)
@@ -425,6 +434,40 @@ def test_forward_with_w_u_on_chip(B, T, H, HV, gate, segments):
     # routes (3.95e-3 each) allow
     tight = 3e-3 if gate == "zero" else 1e-3
     assert rel_err(o, o_c) <= tight and rel_err(ht, ht_c) <= tight
+    assert rel_err(o, o_wu) <= 1e-2 and rel_err(ht, ht_wu) <= 1e-2
+    assert rel_err(o, o_ref) <= 5e-3 and rel_err(ht, ht_ref) <= 5e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("segments", [1, 2])
+@pytest.mark.parametrize("B, T, H, HV, gate", [
+    (1, 64, 1, 1, "normal"),
+    (2, 256, 2, 4, "normal"),   # GVA 2
+    (1, 200, 1, 3, "strong"),   # GVA 3, partial last chunk, strong decay
+    (2, 200, 2, 2, "normal"),   # partial chunk whose boxes read the next sequence's rows
+    (4, 40, 1, 1, "normal"),    # T < 64: every box spans two sequences
+    (1, 8192, 2, 4, "zero"),    # no decay: the segment maps matter
+    (1, 8192, 2, 4, "normal"),
+])
+def test_forward_with_v_new_on_the_chain(B, T, H, HV, gate, segments):
+    """forward_t with V' = T D_β (V − D_{e^G} K S) formed by the chain (CHAIN_T, the default):
+    bf16 rounds V − D_{e^G} K S after the subtraction, where the W/U form rounds W and U
+    before it, so its bits differ from that form's; against the fp64 recurrence with the
+    materialized path's bounds, and within 1e-2 of the W/U form (both errors printed)."""
+    _hopper()
+    q, k, v, g, beta, h0, G, Ai, w, u = forward_intermediates(B, T, H, HV, True, T + HV, gate)
+    scale = 128 ** -0.5
+    o, ht = gluon_transposed.forward_t(q, k, v, G, beta, Ai, scale, h0, True, segments=segments,
+                                       t_on_chain=True)
+    o_wu, ht_wu = gluon_transposed.forward_t(q, k, v, G, beta, Ai, scale, h0, True,
+                                             segments=segments, t_on_chain=False)
+    o_ref, ht_ref = truth(q, k, v, g, beta, h0, scale=scale)
+    torch.cuda.synchronize()
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+    print(f"\n  forward_t V' on the chain {B, T, H, HV, gate}, {segments} segments: vs fp64 o "
+          f"{rel_err(o, o_ref):.2e} state {rel_err(ht, ht_ref):.2e}; W/U form vs fp64 o "
+          f"{rel_err(o_wu, o_ref):.2e} state {rel_err(ht_wu, ht_ref):.2e}; chain vs W/U o "
+          f"{rel_err(o, o_wu):.2e} state {rel_err(ht, ht_wu):.2e}")
     assert rel_err(o, o_wu) <= 1e-2 and rel_err(ht, ht_wu) <= 1e-2
     assert rel_err(o, o_ref) <= 5e-3 and rel_err(ht, ht_ref) <= 5e-3
 
