@@ -20,30 +20,21 @@ def _fused_supported(q, v, chunk_size):
     return fused_fwd.unsupported_reason(q, v, chunk_size)
 
 
-# auto picks the fused backend only where it has been measured faster than materialized: its
-# Hopper route (kernels/fused_fwd.uses_warp_specialized: forward_t, W and U on chip) where the
-# sequences are not cut into segments. H200, H=16, HV=32, K=V=128, bf16 (eval.bench, session 10,
-# docs/results/bench_route_2026-11-30_s10.md; the final run's agree to 2 %):
-# forward 0.90 vs 1.02 ms at (8, 4096), 1.79 vs 2.04 at (32, 2048), 0.50 vs 0.54 at (1, 8192);
-# fwd+bwd 5.84 vs 5.95, 11.65 vs 11.87, 1.76 vs 1.98. Session 11 (bench_final_…_s11.md) moved the
-# route down to 2,048 tokens: there the two forwards tie on the device (CUDA-graph replays
-# 0.105 vs 0.104 ms at (1, 2048), 0.366 vs 0.359 at (1, 8192); their host time is within the
-# host's noise) and fused fwd+bwd is the faster (1.90 vs 2.23 ms at (1, 2048), 1.76 vs 2.27 at
-# (1, 8192)). Batches of many short sequences in that range (e.g. (32, 64)) are not measured.
-# Split (512+ chunks at small B·HV), the materialized forward's two output warpgroups win:
-# 1.28 vs 1.34 ms at (1, 32768). Elsewhere the plain-Triton fused kernel is slower than
+# auto picks the fused backend where it has been measured faster than materialized: its
+# Hopper route (kernels/fused_fwd.uses_warp_specialized: forward_t, V' formed on the state
+# chain) at every shape it takes. H200, H=16, HV=32, K=V=128, bf16, session 18 (eval.bench,
+# docs/results/bench_final_2026-12-01_s18.md), fused vs materialized: forward 1.073 vs 1.227 ms
+# at (1, 32768) (both split in two segments there), 0.728 vs 0.964 at (8, 4096), 1.494 vs
+# 1.979 at (32, 2048), 0.314 vs 0.354 at (1, 8192), CUDA-graph replays 0.098 vs 0.111 at
+# (1, 2048); fwd+bwd 5.13 vs 5.34, 4.61 vs 4.88, 9.34 vs 9.85, graph 1.36 vs 1.44 at (1, 8192).
+# (Until session 17 the split shapes went to materialized, whose two output warpgroups won
+# there: 1.28 vs 1.34 ms at (1, 32768).) Batches of many short sequences in the route's range
+# (e.g. (32, 64)) are not measured. Elsewhere the plain-Triton fused kernel is slower than
 # materialized at every shape the GPU binds (4.00 vs 1.29 ms at (1, 32768): register spills of
 # its one-program-per-head chunk loop).
 def _auto_picks_fused(q, v, chunk_size, cu_seqlens) -> bool:
     from gdn_fused.kernels.fused_fwd import uses_warp_specialized
-    if not uses_warp_specialized(q, v, chunk_size, cu_seqlens):
-        return False
-    import triton
-
-    from gdn_fused.kernels.chunk_index import sm_count
-    from gdn_fused.kernels.gluon_transposed import num_segments
-    B, T, HV = q.shape[0], q.shape[1], v.shape[2]
-    return num_segments(B * HV, triton.cdiv(T, chunk_size), sm_count(q.device)) == 1
+    return uses_warp_specialized(q, v, chunk_size, cu_seqlens)
 
 
 def resolve_backend(backend: str, q: torch.Tensor, v: torch.Tensor, chunk_size: int,

@@ -69,8 +69,9 @@ PRECOMPUTE_INVERSE = True
 # uses_state_output_kernel: sm_90, bf16, K = V = 128, chunk 64, dense batches of 2,048+
 # tokens), the fused forward runs the same structure as this kernel (every chunk's T first,
 # chunk-parallel, then one launch over the chunks doing W, U, the state recurrence and the
-# output on chip) warp-specialized in Gluon: kernels/gluon_transposed.forward_t, whose fourth
-# warpgroup forms W and U beside the state chain, after the Gluon kkt_solve_from_k's bf16 T.
+# output on chip) warp-specialized in Gluon: kernels/gluon_transposed.forward_t, whose state
+# chain forms V' = T D_β (V − D_{e^G} K S) itself beside two output warpgroups (session 18;
+# sessions 10–17 a fourth warpgroup formed W and U), after the Gluon kkt_solve_from_k's bf16 T.
 # This plain-Triton kernel keeps every other input, the interpreter and the launch overrides
 # (a call naming num_segments, precompute_inverse, block_v, num_warps or num_stages runs it).
 # H200, (1, 32768): 4.00 ms for this kernel (register spills of a one-program-per-head chunk
@@ -575,7 +576,7 @@ def fused_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     """Chunkwise Gated DeltaNet forward, the whole chunk recurrence in one fused launch
     (design card §Chunkwise form), after the chunk-parallel inverse (``precompute_inverse``):
     on Hopper for the inputs :func:`uses_warp_specialized` accepts, the warp-specialized
-    Gluon kernel (W and U on chip beside the state chain; see WARP_SPECIALIZED), else this
+    Gluon kernel (V' formed on the state chain from T; see WARP_SPECIALIZED), else this
     module's plain-Triton kernel.
 
     Inputs are taken as validated by :func:`gdn_fused.validation.check_inputs` (q and k already

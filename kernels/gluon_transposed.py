@@ -71,11 +71,30 @@ values) for every segment but the last, ``compose_segment_states`` composes the 
 states exactly (fp64, tiny), and the main launch runs all segments side by side. Exact
 algebra, as kernels/fused_split.py: heads with g = 0 compose like decaying ones.
 
-``forward_t`` (``WU``), the fused backend's forward on Hopper since session 10
-(kernels/fused_fwd.py, WARP_SPECIALIZED): a fourth warpgroup forms each chunk's W and U from T
-(kkt_solve_from_k's bf16 inverse) and the ring's k and v, so the forward after the inverse is
-this one kernel (207 KB of shared memory, four roles at 128 registers a thread before
-setmaxnreg, chain 232, one output warpgroup: a fifth role does not fit the registers). H200,
+``forward_t``, the fused backend's forward on Hopper (kernels/fused_fwd.py,
+WARP_SPECIALIZED): the forward after kkt_solve_from_k's bf16 inverse T in this one kernel, its
+ring holding T, v and the (G, β) rows in place of W and U. Since session 18 (``CHAIN_T``, the
+default ``T_ON_CHAIN``) the chain forms V' itself, by the algebra of the plain fused kernel
+(kernels/fused_fwd.py: W is never formed):
+
+    V'ᵀ = (Vᵀ − (Sᵀ Kᵀ) D_{e^G}) D_β Tᵀ
+
+one product more on the chain (Xᵀ Tᵀ, 4 k-steps: Sᵀ Kᵀ replaces Sᵀ Wᵀ), and no W/U
+warpgroup, which leaves the registers for two output warpgroups (166 KB of shared memory,
+chain 232 registers, 44 B of spills). Measured on the H200 (eval.bench --sweep forward_t,
+docs/results/sweep_forward_t_chain_2026-12-01_s18.log): a chunk step unsplit 2.19 → 1.92 µs;
+(1, 32768) split 1,060 → 866–871 µs, (8, 4096) 647 → 539–561, (32, 2048) 1,337 →
+1,135–1,139. The chain alone steps in 1.21 µs (0.95 reading W and U from HBM, 1.63 beside a
+W/U warpgroup): a fourth role lengthened the chain's step by more than its own products, as
+every role measured in session 12 did. It is also more accurate: bf16 rounds V − D_{e^G} K S
+after the subtraction, where the W/U form rounds W and U before it (fp64 errors at (1, 8192)
+with g = 0: o 4.54e-3 → 4.00e-3, final state 3.95e-3 → 3.26e-3; logsigmoid decay 3.3e-3 /
+2.8e-3 → 3.3e-3 / 2.3e-3).
+
+The W/U form (``WU``, ``forward_t(t_on_chain=False)``, the route from session 10 to 17): a
+fourth warpgroup forms each chunk's W and U from T and the ring's k and v (207 KB of shared
+memory, four roles at 128 registers a thread before setmaxnreg, chain 232, one output
+warpgroup: a fifth role does not fit the registers). H200,
 session 10 (eval.bench, in the fused column): 0.90 ms at (8, 4096) and 1.79 at (32, 2048),
 against 1.02 and 2.04 for the materialized forward's recompute_w_u and this kernel with two
 output warpgroups; 1.34 against 1.28 at (1, 32768), split in two segments, where its map
@@ -905,16 +924,20 @@ def forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state, se
     warpgroup (None: ``T_ON_CHAIN``); the rest (variant too: launch variants such as
     P_ON_WU, of the W/U form) as :func:`chunk_state_output_t`.
     Returns (o [B, T, HV, 128] bf16, final state fp32 or None); raises ValueError as
-    chunk_state_output_t does (naming v and Ai), and for checkpoints of another shape."""
+    chunk_state_output_t does (naming v and Ai), for checkpoints of another shape and for
+    P_ON_WU without the W/U form."""
     check_state_inputs("forward_t", q, k, v, G, initial_state, segments,
                        (("v", v, HEAD_DIM), ("Ai", Ai, CHUNK)))
     if beta.shape != G.shape:
         raise ValueError(f"forward_t: beta {tuple(beta.shape)} is not {tuple(G.shape)}")
     _check_variant("forward_t", variant)
+    t_on_chain = T_ON_CHAIN if t_on_chain is None else t_on_chain
+    if t_on_chain and (variant or {}).get("P_ON_WU"):
+        raise ValueError("forward_t: variant P_ON_WU needs the W/U warpgroup (t_on_chain="
+                         "False); with V' on the chain the output warpgroups form P")
     B, T, HV = G.shape
     gate_rows = _rows_given_or_laid_out("forward_t", gate_rows, [G, beta], B, T, HV)
     checkpoints = _check_checkpoints("forward_t", checkpoints, B, T, HV)
-    t_on_chain = T_ON_CHAIN if t_on_chain is None else t_on_chain
     return _launch(q, k, Ai, v, gate_rows, scale, initial_state,
                    output_final_state, True, NUM_STAGES, segments, True, variant=variant,
                    checkpoints=checkpoints, t_on_chain=t_on_chain,

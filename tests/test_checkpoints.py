@@ -138,7 +138,7 @@ def test_forward_checkpoints_and_the_backward_from_them_gpu(backend):
     state bound of the fp64 recurrence's state after that many tokens. The backward from them
     gives the bits of the backward that recomputes the unsplit pass after the materialized
     forward (its chain is chunk_state's, the same products on the same W and U); after the
-    fused forward, whose chain forms W and U on chip (other bits), within 1e-3 of it (H200:
+    fused forward, whose chain forms V' from T on chip (other bits), within 1e-3 of it (H200:
     ≤ 9e-5)."""
     from gdn_fused.eval.cases import truth
     from gdn_fused.kernels.fused_fwd import fused_fwd, uses_warp_specialized

@@ -318,8 +318,8 @@ def test_warp_specialized_route_composition(monkeypatch):
 
 def test_auto_picks_the_route_where_it_was_measured_faster(monkeypatch):
     """auto's fused rule (gdn_fused.ops._auto_picks_fused) at the anchor shapes, as if on an
-    H200 (132 SMs) where the route applies: fused where sequences are not split, materialized
-    at (1, 32768) (512 chunks at B·HV = 32: two segments); never without the route."""
+    H200 (132 SMs): fused wherever the route applies, split sequences included (since session
+    18, V' on the chain); never without the route."""
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     from gdn_fused.kernels import chunk_index
     from gdn_fused.kernels import fused_fwd as module
@@ -332,7 +332,7 @@ def test_auto_picks_the_route_where_it_was_measured_faster(monkeypatch):
             q = torch.empty(B, T, 16, 128, device="meta")
             v = torch.empty(B, T, 32, 128, device="meta")
             picks[route, B, T] = _auto_picks_fused(q, v, 64, None)
-    assert picks == {(True, 1, 32768): False, (True, 8, 4096): True, (True, 1, 8192): True,
+    assert picks == {(True, 1, 32768): True, (True, 8, 4096): True, (True, 1, 8192): True,
                      (True, 32, 2048): True, (False, 1, 32768): False, (False, 8, 4096): False,
                      (False, 1, 8192): False, (False, 32, 2048): False}
     # the route's own token threshold (materialized.MIN_TOKENS_STATE_OUTPUT_KERNEL, 2,048

@@ -91,6 +91,10 @@ def test_unsupported_inputs_are_refused(monkeypatch):
         gluon_transposed.forward_t(q, q, q, G, G, q[..., :64], 1., None, False, gate_rows=one_row)
     with pytest.raises(ValueError, match="gate_rows"):
         f(q, q, q, q, G, 1., None, False, gate_rows=one_row.float())
+    # P formed by a W/U warpgroup that the default form (V' on the chain) does not have
+    with pytest.raises(ValueError, match="P_ON_WU needs the W/U warpgroup"):
+        gluon_transposed.forward_t(q, q, q, G, G, q[..., :64], 1., None, False,
+                                   variant=dict(P_ON_WU=True))
 
 
 def _hopper():
