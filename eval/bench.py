@@ -343,9 +343,9 @@ def bench_stages(B=1, T=32768):
         except Exception as e:  # experimental: report, keep the other numbers
             print(f"chunk_state_t failed: {e!r}", flush=True)
     if forward_t is not None and transposed is not None:
-        # the fused backend's Hopper route (W and U formed on chip by a fourth warpgroup)
-        # beside recompute_w_u + the kernel above, split as the route splits (num_segments)
-        # and unsplit
+        # the fused backend's Hopper route (V' formed on the chain from T and v; its W/U
+        # warpgroup form too) beside recompute_w_u + the kernel above, split as the route
+        # splits (num_segments) and unsplit
         try:
             o_f, _ = forward_t(q, k, v, G, beta, Ai, 0.1, h0, True)
             print("forward_t rel diff vs recompute_w_u + chunk_state + chunk_output: o "
@@ -353,8 +353,10 @@ def bench_stages(B=1, T=32768):
                   flush=True)
             stages["recompute_w_u + chunk_state_output_t"] = lambda: transposed(
                 q, k, *recompute_w_u(k, v, G, beta, Ai, dot_precision=prec), G, 0.1, h0, True)
-            stages["forward_t (W/U on chip)"] = lambda: forward_t(q, k, v, G, beta, Ai, 0.1,
-                                                                  h0, True)
+            stages["forward_t (V' on the chain)"] = lambda: forward_t(q, k, v, G, beta, Ai,
+                                                                      0.1, h0, True)
+            stages["forward_t (W/U warpgroup)"] = lambda: forward_t(
+                q, k, v, G, beta, Ai, 0.1, h0, True, t_on_chain=False)
             stages["forward_t 1 segment"] = lambda: forward_t(q, k, v, G, beta, Ai, 0.1, h0,
                                                               True, segments=1)
         except Exception as e:  # experimental: report, keep the other numbers
@@ -444,7 +446,7 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS, device="cuda", dtype=t
     ``device``, ``dtype``: the inputs' (a CPU test runs the composition under the interpreter
     with do_bench stubbed)."""
     import triton
-    from gdn_fused.kernels.streams import side_by_side
+    from gdn_fused.kernels.chunk_bwd import side_by_side
     from gdn_fused.kernels.chunk_bwd_dqkwg import chunk_bwd_dqkwg
     from gdn_fused.kernels.chunk_bwd_dv import chunk_bwd_dv_local
     from gdn_fused.kernels.chunk_bwd_state import chunk_bwd_state
@@ -505,7 +507,7 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS, device="cuda", dtype=t
         "chunk_bwd_state transposed gluon": lambda: chunk_bwd_state_t(
             q, k, w, gate_rows, do, dv_local, scale, dht, h0),
         # the Gluon reverse pass and the recompute at the checkpoints, one after the other
-        # and on two streams (streams.side_by_side, where the reverse pass leaves SMs idle)
+        # and on two streams (chunk_bwd.side_by_side, where the reverse pass leaves SMs idle)
         "bwd state gluon, then chunk_state (checkpoints)": lambda: (
             kernels["chunk_bwd_state transposed gluon"](),
             kernels["chunk_state (checkpoints)"]()),
@@ -604,7 +606,7 @@ def sweep_forward_t(shapes):
                 q, k, w, u, rows_g, 0.1, h0, True, False, stages, 1, False),
             "chain + W/U warpgroup": lambda: gt._launch(
                 q, k, Ai, v, rows, 0.1, h0, True, False, stages, 1, True),
-            "chain + W/U + one output warpgroup (forward_t)": lambda: gt._launch(
+            "chain + W/U + one output warpgroup (forward_t's W/U form)": lambda: gt._launch(
                 q, k, Ai, v, rows, 0.1, h0, True, True, stages, 1, True),
             "chain + one output warpgroup, W and U from HBM": lambda: gt._launch(
                 q, k, w, u, rows_g, 0.1, h0, True, True, stages, 1, False, output_groups=1),

@@ -295,6 +295,14 @@ def _gluon_transposed_chain_t(output: bool = True, map_pass: bool = False):
     return fn, sig, {**consts, "WU": False, "CHAIN_T": True, "OUT_GROUPS": 2 if output else 1}
 
 
+def _gluon_transposed_chain_t_checkpoints():
+    """forward_t (V' on the chain) as a training forward at small B·HV launches it: the chain
+    also stores the states entering every SEGMENT_CHUNKS-th chunk."""
+    from gdn_fused.kernels.chunk_state import SEGMENT_CHUNKS
+    fn, sig, consts = _gluon_transposed_chain_t()
+    return fn, {**sig, "checkpoints": "*fp32"}, {**consts, "CKPT_EVERY": SEGMENT_CHUNKS}
+
+
 def _gluon_dqkwg():
     """The backward's dq/dk/dw/dg kernel in Gluon (kernels/gluon_dqkwg.py)."""
     from gdn_fused.kernels.gluon_dqkwg import (DESCRIPTOR_BLOCKS, STAGES,
@@ -403,6 +411,8 @@ def _kernels() -> dict:
             _gluon_transposed_wu_checkpoints, dict(num_warps=4, maxnreg=T_MAXNREG_WU)),
         "forward transposed gluon, V' on the chain": (
             _gluon_transposed_chain_t, dict(num_warps=4, maxnreg=T_MAXNREG_2)),
+        "forward transposed gluon, V' on the chain, checkpoints": (
+            _gluon_transposed_chain_t_checkpoints, dict(num_warps=4, maxnreg=T_MAXNREG_2)),
         "segment maps transposed gluon, V' on the chain": (
             lambda: _gluon_transposed_chain_t(False, True), dict(num_warps=4, maxnreg=T_MAXNREG)),
         "chunk_bwd_dqkwg gluon": (_gluon_dqkwg, dict(num_warps=4, maxnreg=DQKWG_MAXNREG)),

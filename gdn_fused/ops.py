@@ -22,7 +22,8 @@ def _fused_supported(q, v, chunk_size):
 
 # auto picks the fused backend where it has been measured faster than materialized: its
 # Hopper route (kernels/fused_fwd.uses_warp_specialized: forward_t, V' formed on the state
-# chain) at every shape it takes. H200, H=16, HV=32, K=V=128, bf16, session 18 (eval.bench,
+# chain) wherever it applies: faster at all five anchor shapes (only H = 16, HV = 32, K = V =
+# 128 measured). H200, H=16, HV=32, K=V=128, bf16, session 18 (eval.bench,
 # docs/results/bench_final_2026-12-01_s18.md), fused vs materialized: forward 1.073 vs 1.227 ms
 # at (1, 32768) (both split in two segments there), 0.728 vs 0.964 at (8, 4096), 1.494 vs
 # 1.979 at (32, 2048), 0.314 vs 0.354 at (1, 8192), CUDA-graph replays 0.098 vs 0.111 at

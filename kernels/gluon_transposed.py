@@ -81,15 +81,18 @@ default ``T_ON_CHAIN``) the chain forms V' itself, by the algebra of the plain f
 
 one product more on the chain (Xᵀ Tᵀ, 4 k-steps: Sᵀ Kᵀ replaces Sᵀ Wᵀ), and no W/U
 warpgroup, which leaves the registers for two output warpgroups (166 KB of shared memory,
-chain 232 registers, 44 B of spills). Measured on the H200 (eval.bench --sweep forward_t,
+chain 232 registers, 48 B of spill stores and 60 of loads; 96 / 172 with the checkpoint
+stores of a training forward, in their branch once every 64 chunks). Measured on the H200 (eval.bench --sweep forward_t,
 docs/results/sweep_forward_t_chain_2026-12-01_s18.log): a chunk step unsplit 2.19 → 1.92 µs;
 (1, 32768) split 1,060 → 866–871 µs, (8, 4096) 647 → 539–561, (32, 2048) 1,337 →
 1,135–1,139. The chain alone steps in 1.21 µs (0.95 reading W and U from HBM, 1.63 beside a
 W/U warpgroup): a fourth role lengthened the chain's step by more than its own products, as
-every role measured in session 12 did. It is also more accurate: bf16 rounds V − D_{e^G} K S
-after the subtraction, where the W/U form rounds W and U before it (fp64 errors at (1, 8192)
-with g = 0: o 4.54e-3 → 4.00e-3, final state 3.95e-3 → 3.26e-3; logsigmoid decay 3.3e-3 /
-2.8e-3 → 3.3e-3 / 2.3e-3).
+every role measured in session 12 did. Its errors: bf16 rounds V − D_{e^G} K S after the
+subtraction, where the W/U form rounds W and U before it; against fp64, lower where the
+state carries far (at (1, 8192) with g = 0: o 4.54e-3 → 4.00e-3, final state 3.95e-3 →
+3.26e-3; logsigmoid decay state 2.84e-3 → 2.28e-3; strong decay state 2.34e-3 → 1.60e-3),
+within ±0.35e-3 either way in short cases (at (4, 40) the state 2.00e-3 → 2.34e-3;
+docs/fused_design.md, session 18).
 
 The W/U form (``WU``, ``forward_t(t_on_chain=False)``, the route from session 10 to 17): a
 fourth warpgroup forms each chunk's W and U from T and the ring's k and v (207 KB of shared
@@ -911,9 +914,10 @@ def chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state
 
 def forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state, segments=None,
               gate_rows=None, variant=None, checkpoints=None, t_on_chain=None):
-    """The forward after the inverse in one kernel, W and U formed on chip by a fourth
-    warpgroup (``WU``) instead of read from recompute_w_u: the fused backend's forward on
-    Hopper (kernels/fused_fwd.py; timings and precision in the module docstring).
+    """The forward after the inverse in one kernel, the fused backend's forward on Hopper
+    (kernels/fused_fwd.py; timings and precision in the module docstring): W and U are not
+    read from recompute_w_u; the chain forms V' from T, v and k (``CHAIN_T``, the default) or
+    a fourth warpgroup forms W and U on chip (``WU``, ``t_on_chain=False``).
 
     q, k [B, T, H, 128] bf16; v [B, T, HV, 128] bf16; G [B, T, HV] (natural-log decay
     cumulated within each chunk of 64); beta [B, T, HV]; Ai [B, T, HV, 64] bf16, T = (I + A)⁻¹

@@ -74,7 +74,8 @@ def test_cli_skips_hopper_only_kernels_elsewhere_and_compiles_once(capsys):
 
 
 def test_sass_loops_find_each_role_of_forward_t():
-    """eval.ptxas.sass_loops on forward_t's sm_90a cubin: one innermost loop a role, told by
+    """eval.ptxas.sass_loops on the sm_90a cubin of forward_t's W/U form (the route in sessions
+    10–17): one innermost loop a role, told by
     its warpgroup MMAs (the output 20: Q Kᵀ, Q h_c, P V'; the W/U warpgroup 8; the chain 12;
     the producer none, 7 TMA loads); with P_ON_WU, Q Kᵀ's 8 move from the output's loop to
     the W/U one, and the mask's exps (MUFU) with them."""
