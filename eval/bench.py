@@ -628,15 +628,22 @@ def sweep_forward_t(shapes):
                     "W/U warpgroup, P on it": dict(t_on_chain=False,
                                                    variant=dict(P_ON_WU=True)),
                     "two staging tiles for O": dict(variant=dict(O_BUFFERS=2)),
-                    "unsplit": dict(segments=1), "two segments by maps": dict(segments=2)}
+                    "unsplit": dict(segments=1), "two segments": dict(segments=2),
+                    "two segments by maps": dict(segments=2)}
         variants["W/U warpgroup, unsplit"] = dict(t_on_chain=False, segments=1)
         variants["default, again"] = {}
         for name, kw in variants.items():
-            o, _ = forward_t(q, k, v, G, beta, Ai, 0.1, h0, True, **kw)
-            o_ref = o if o_ref is None else o_ref
-            fn = lambda: forward_t(q, k, v, G, beta, Ai, 0.1, h0, True, **kw)  # noqa: E731
-            us = 1e3 * triton.testing.do_bench(fn, return_mode="median")
-            graph = 1e3 * triton.testing.do_bench_cudagraph(fn, return_mode="median")
+            # the maps row: segment 1's entering state by [M | b] and the composition, as
+            # before session 18 (gluon_transposed.SEGMENT0_FROM_H0 off for its timing)
+            gt.SEGMENT0_FROM_H0 = not name.endswith("by maps")
+            try:
+                o, _ = forward_t(q, k, v, G, beta, Ai, 0.1, h0, True, **kw)
+                o_ref = o if o_ref is None else o_ref
+                fn = lambda: forward_t(q, k, v, G, beta, Ai, 0.1, h0, True, **kw)  # noqa: E731
+                us = 1e3 * triton.testing.do_bench(fn, return_mode="median")
+                graph = 1e3 * triton.testing.do_bench_cudagraph(fn, return_mode="median")
+            finally:
+                gt.SEGMENT0_FROM_H0 = True
             print(f"forward_t B={B} T={T} {name}: {us:.1f} us (graph {graph:.1f}), rel diff "
                   f"of o {rel_diff(o, o_ref):.2e}", flush=True)
         torch.cuda.empty_cache()

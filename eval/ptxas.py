@@ -295,6 +295,13 @@ def _gluon_transposed_chain_t(output: bool = True, map_pass: bool = False):
     return fn, sig, {**consts, "WU": False, "CHAIN_T": True, "OUT_GROUPS": 2 if output else 1}
 
 
+def _gluon_transposed_seg0_end():
+    """The first launch of a two-segment split (V' on the chain): the state pass alone over
+    segment 0 from h0, its end state stored for segment 1 (SEG0_END)."""
+    fn, sig, consts = _gluon_transposed_chain_t(False)
+    return fn, sig, {**consts, "NS": 2, "SEG0_END": True}
+
+
 def _gluon_transposed_chain_t_checkpoints():
     """forward_t (V' on the chain) as a training forward at small B·HV launches it: the chain
     also stores the states entering every SEGMENT_CHUNKS-th chunk."""
@@ -413,6 +420,8 @@ def _kernels() -> dict:
             _gluon_transposed_chain_t, dict(num_warps=4, maxnreg=T_MAXNREG_2)),
         "forward transposed gluon, V' on the chain, checkpoints": (
             _gluon_transposed_chain_t_checkpoints, dict(num_warps=4, maxnreg=T_MAXNREG_2)),
+        "segment 0's end state transposed gluon, V' on the chain": (
+            lambda: _gluon_transposed_seg0_end(), dict(num_warps=4, maxnreg=T_MAXNREG)),
         "segment maps transposed gluon, V' on the chain": (
             lambda: _gluon_transposed_chain_t(False, True), dict(num_warps=4, maxnreg=T_MAXNREG)),
         "chunk_bwd_dqkwg gluon": (_gluon_dqkwg, dict(num_warps=4, maxnreg=DQKWG_MAXNREG)),

@@ -69,7 +69,10 @@ state, so a segment of chunks maps S_in ↦ M S_in + b; a first launch runs this
 pass alone (``MAP``) over the K + V columns of [M | b] from [I | 0] (M's columns read no
 values) for every segment but the last, ``compose_segment_states`` composes the entering
 states exactly (fp64, tiny), and the main launch runs all segments side by side. Exact
-algebra, as kernels/fused_split.py: heads with g = 0 compose like decaying ones.
+algebra, as kernels/fused_split.py: heads with g = 0 compose like decaying ones. With two
+segments (the default's only split) the first launch is instead the state pass alone over
+segment 0 from h0 (``SEG0_END``, session 18: V columns, half the programs, no
+composition), so the split gives the unsplit pass's bits.
 
 ``forward_t``, the fused backend's forward on Hopper (kernels/fused_fwd.py,
 WARP_SPECIALIZED): the forward after kkt_solve_from_k's bf16 inverse T in this one kernel, its
@@ -420,7 +423,7 @@ def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_b
                      USE_INITIAL_STATE: gl.constexpr, STORE_FINAL_STATE: gl.constexpr,
                      HANDOFF: gl.constexpr, MAP: gl.constexpr, NS: gl.constexpr,
                      WU: gl.constexpr, checkpoints, CKPT_EVERY: gl.constexpr,
-                     CHAIN_T: gl.constexpr = False):
+                     CHAIN_T: gl.constexpr = False, SEG0_END: gl.constexpr = False):
     """The state recurrence (w_bufs / u_bufs: the ring's W and U tiles, or with WU the W/U
     warpgroup's, ready on wu_ready; with CHAIN_T the ring's T and v tiles, from which the
     chain forms V'ᵀ = (Vᵀ − Sᵀ Kᵀ D_{e^G}) D_β Tᵀ itself); HANDOFF: hand h_c and V' to the
@@ -517,9 +520,13 @@ def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_b
                 slab = ((i_t + 1) // CKPT_EVERY - 1).to(gl.int64) * gl.num_programs(1) * K * SW
                 gl.store(_state_tile_t(checkpoints + slab, i_n, i_hv, i_v, HV, K, SW, BVr,
                                        acc_k), S)
-    # the map of every segment it covers, or the final state from the last segment
+    # the map of every segment it covers, segment 0's end state (SEG0_END: the state entering
+    # segment 1, ht's slab 1), or the final state from the last segment
     if MAP:
         gl.store(_state_tile_t(ht + seg, i_n, i_hv, i_v, HV, K, SW, BVr, acc_k), S)
+    elif SEG0_END:
+        slab1 = gl.num_programs(1).to(gl.int64) * K * SW
+        gl.store(_state_tile_t(ht + slab1, i_n, i_hv, i_v, HV, K, SW, BVr, acc_k), S)
     elif STORE_FINAL_STATE and i_seg == NS - 1:
         gl.store(_state_tile_t(ht, i_n, i_hv, i_v, HV, K, SW, BVr, acc_k), S)
 
@@ -537,7 +544,8 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
                                 P_ON_WU: gl.constexpr = False,
                                 O_BUFFERS: gl.constexpr = O_STAGING,
                                 checkpoints=None, CKPT_EVERY: gl.constexpr = 0,
-                                CHAIN_T: gl.constexpr = False):
+                                CHAIN_T: gl.constexpr = False,
+                                SEG0_END: gl.constexpr = False):
     """Grid (SW / BV, B·HV, segments). MAP: the state pass alone over the K + V columns of
     [M | b] from [I | 0] (SW = K + V) for segments 0 … NS − 2, each stored to ht's segment
     slab; else the pass with the output over segment i_seg (SW = V), starting from h0's
@@ -551,8 +559,13 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
     TMA staging tiles of O an output warpgroup (8 KB each). CKPT_EVERY > 0 (not with MAP):
     the chain stores the states entering every CKPT_EVERY-th chunk to checkpoints. CHAIN_T
     (not with WU): the ring as with WU (T, v, [2, C] gate tiles), but the chain forms V' from
-    them itself (V' = T D_β (V − D_{e^G} K S)) and no warpgroup forms W or U."""
+    them itself (V' = T D_β (V − D_{e^G} K S)) and no warpgroup forms W or U. SEG0_END (with
+    NS = 2, grid axis 2 of size 1, neither MAP nor OUTPUT): the state pass alone over
+    segment 0 from h0's slab 0, its end state stored to ht's slab 1 (the state entering
+    segment 1, as the unsplit pass carries it)."""
     gl.static_assert(not (CHAIN_T and WU), "CHAIN_T replaces the W/U warpgroup")
+    gl.static_assert(not SEG0_END or (NS == 2 and not MAP and not OUTPUT),
+                     "SEG0_END: the state pass alone over segment 0 of two")
     gl.static_assert(CKPT_EVERY == 0 or not MAP, "the maps' launch stores no checkpoints")
     gl.static_assert(OUT_GROUPS == 1 or ((OUTPUT or STORE_H) and not WU),
                      "two output groups need the output or STORE_H")
@@ -646,7 +659,8 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
             (_chain_partition, (k_bufs, wp_bufs, up_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                 sv_ready, sv_empty, wu_ready, h0, ht, T, c0, n, i_n, i_hv,
                                 i_v, i_seg, HV, K, SW, USE_INITIAL_STATE, STORE_FINAL_STATE,
-                                HANDOFF, MAP, NS, WU, checkpoints, CKPT_EVERY, CHAIN_T)),
+                                HANDOFF, MAP, NS, WU, checkpoints, CKPT_EVERY, CHAIN_T,
+                                SEG0_END)),
             (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                  sv_ready, sv_empty, o_smem, o_desc, o, scale, T, c0,
                                  n if HANDOFF else 0, i_n, i_hv, i_v, HV, V, STORE_H, h, 0, 1,
@@ -665,7 +679,8 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
             (_chain_partition, (k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                 sv_ready, sv_empty, sv_ready, h0, ht, T, c0, n, i_n, i_hv,
                                 i_v, i_seg, HV, K, SW, USE_INITIAL_STATE, STORE_FINAL_STATE,
-                                HANDOFF, MAP, NS, WU, checkpoints, CKPT_EVERY, CHAIN_T)),
+                                HANDOFF, MAP, NS, WU, checkpoints, CKPT_EVERY, CHAIN_T,
+                                SEG0_END)),
             (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                  sv_ready, sv_empty, o_smem, o_desc, o, scale, T, c0,
                                  n, i_n, i_hv, i_v, HV, V, STORE_H, h, 0, 2, Q_REGS, None,
@@ -683,7 +698,8 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
             (_chain_partition, (k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                 sv_ready, sv_empty, sv_ready, h0, ht, T, c0, n, i_n, i_hv,
                                 i_v, i_seg, HV, K, SW, USE_INITIAL_STATE, STORE_FINAL_STATE,
-                                HANDOFF, MAP, NS, WU, checkpoints, CKPT_EVERY, CHAIN_T)),
+                                HANDOFF, MAP, NS, WU, checkpoints, CKPT_EVERY, CHAIN_T,
+                                SEG0_END)),
             (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                  sv_ready, sv_empty, o_smem, o_desc, o, scale, T, c0,
                                  n if HANDOFF else 0, i_n, i_hv, i_v, HV, V, STORE_H, h, 0, 1,
@@ -707,14 +723,18 @@ WU_GATE_LAYOUT = gl.NVMMASharedLayout.get_default_for(WU_GATE_BLOCK, gl.float64)
 # 390 µs (the map launch, the composition's launches and the second launch's host time cost
 # more than half the steps save)
 MIN_CHUNKS_TO_SPLIT = 512
+# Two segments: the state entering segment 1 from the state pass alone over segment 0 from h0
+# (SEG0_END: V columns, the unsplit bits, no composition) instead of [M | b] from [I | 0]
+# and the fp64 composition (session 18; False: the maps, for A/B timing)
+SEGMENT0_FROM_H0 = True
 
 
 def num_segments(num_seq_heads, num_chunks, sms):
-    """Segments a sequence is cut into (1 or 2): 2 when the map pass over [M | b] (K + V
-    columns, (K + V) / BV programs a head) and the main pass over two segments both fit one
-    wave of programs (one an SM: their shared memory), for sequences of MIN_CHUNKS_TO_SPLIT
-    chunks or more. At B·HV = 32 that is 128 programs for 132 SMs; a third segment would need a
-    second wave of maps."""
+    """Segments a sequence is cut into (1 or 2): 2 when the main pass over two segments fits
+    one wave of programs (one an SM: their shared memory), for sequences of
+    MIN_CHUNKS_TO_SPLIT chunks or more. At B·HV = 32 that is 128 programs for 132 SMs; a third
+    segment would need a second wave of maps ([M | b], (K + V) / BV programs a head and
+    segment)."""
     fits = num_seq_heads * (2 * HEAD_DIM // BV) <= sms
     return 2 if fits and num_chunks >= MIN_CHUNKS_TO_SPLIT else 1
 
@@ -839,7 +859,16 @@ def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_fina
     consts = dict(H=H, HV=HV, K=K, V=V, NS=NS, STAGES=num_stages, num_warps=4,
                   WU=wu and not chain_t, CHAIN_T=chain_t)
     cap = MAXNREG_WU if wu and not chain_t else MAXNREG
-    if NS > 1:
+    if NS == 2 and SEGMENT0_FROM_H0:
+        # the state entering segment 1: the state pass alone over segment 0 from h0 (V
+        # columns), the bits the unsplit pass carries there (slab 0 holds h0 or zeros)
+        h_in = q.new_empty(2, B, HV, K, V, dtype=torch.float32)
+        h_in[0].copy_(h0) if h0 is not None else h_in[0].zero_()
+        direct.launch(chunk_state_output_t_kernel, (V // BV, B * HV, 1), *descs, o, h_in, h_in,
+                      float(scale), T, USE_INITIAL_STATE=True, STORE_FINAL_STATE=False,
+                      OUTPUT=False, MAP=False, SEG0_END=True, maxnreg=cap, **consts)
+        h0 = h_in
+    elif NS > 1:
         # the maps [M | b] of segments 0 … NS − 2 (the only HBM besides o and the state)
         maps = q.new_empty(NS - 1, B, HV, K, K + V, dtype=torch.float32)
         direct.launch(chunk_state_output_t_kernel, ((K + V) // BV, B * HV, NS - 1),
@@ -881,7 +910,8 @@ def chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state
     initial_state [B, HV, 128, 128] (read in fp32) or None; output=False runs the state pass
     alone (o is then None); num_stages: the ring's depth (3 fits shared memory only without
     the output); segments: cut each sequence into this many segments run side by side, their
-    entering states composed exactly from each segment's affine map (default
+    entering states composed exactly from each segment's affine map (two segments: segment
+    1's from the state pass alone over segment 0, the unsplit bits; default
     :func:`num_segments`: 2 for sequences of 512+ chunks when B·HV is small enough to leave half
     the SMs idle; at most one segment a chunk); output_groups: 1 or 2 output warpgroups
     (alternate chunks; 2 needs num_stages even; ignored with output=False); variant: a dict

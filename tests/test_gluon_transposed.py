@@ -36,6 +36,8 @@ from tests.test_gluon_state_output import (assert_like_triton_state_output,  # n
     # spills 96 B of stores, 172 of loads (measured)
     ("forward transposed gluon, V' on the chain, checkpoints", 56, 9, 172, 128, 227),
     ("segment maps transposed gluon, V' on the chain", 16, 5, 0, 168, 227),
+    # the first launch of a two-segment split: the state pass alone over segment 0 from h0
+    ("segment 0's end state transposed gluon, V' on the chain", 16, 5, 0, 168, 100),
     # h and v_new stored by two warpgroups on alternate chunks (no products there; no q)
     ("state pass storing h transposed gluon (experimental)", 12, 6, 0, 128, 227),
 ])
@@ -605,6 +607,51 @@ def test_forward_with_v_new_on_the_chain(B, T, H, HV, gate, segments):
           f"{rel_err(o, o_wu):.2e} state {rel_err(ht, ht_wu):.2e}")
     assert rel_err(o, o_wu) <= 1e-2 and rel_err(ht, ht_wu) <= 1e-2
     assert rel_err(o, o_ref) <= 5e-3 and rel_err(ht, ht_ref) <= 5e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B, T, H, HV, initial_state, gate", [
+    (1, 8192, 2, 4, True, "zero"),     # no decay: the entering state matters; a checkpoint
+    (2, 200, 2, 2, False, "strong"),   # boxes reading the next sequence's rows
+    (1, 1000, 1, 3, True, "normal"),   # GVA 3, partial last chunk
+])
+def test_two_segments_give_the_unsplit_bits(B, T, H, HV, initial_state, gate):
+    """Two segments (segment 1 entered from the state pass alone over segment 0 from h0,
+    SEG0_END): o, the final state and a training forward's checkpoints are the unsplit
+    launch's bits, for each form of V' (on the chain, the W/U warpgroup, W and U from HBM);
+    the maps' route (SEGMENT0_FROM_H0 off) stays within the state bound of them."""
+    _hopper()
+    q, k, v, g, beta, h0, G, Ai, w, u = forward_intermediates(B, T, H, HV, initial_state,
+                                                              T + 5 * HV, gate)
+    from gdn_fused.kernels.chunk_state import checkpoint_slabs
+    slabs = checkpoint_slabs(-(-T // 64))
+    launches = {
+        "V' on the chain": lambda **kw: gluon_transposed.forward_t(
+            q, k, v, G, beta, Ai, 0.125, h0, True, t_on_chain=True, **kw),
+        "W/U warpgroup": lambda **kw: gluon_transposed.forward_t(
+            q, k, v, G, beta, Ai, 0.125, h0, True, t_on_chain=False, **kw),
+        "W and U from HBM": lambda **kw: gluon_transposed.chunk_state_output_t(
+            q, k, w, u, G, 0.125, h0, True, **kw),
+    }
+    for name, f in launches.items():
+        ck = [torch.full((slabs, B, HV, 128, 128), float("nan"), device="cuda")
+              for _ in range(2)]
+        o, ht = f(segments=1, checkpoints=ck[0])
+        o2, ht2 = f(segments=2, checkpoints=ck[1])
+        torch.cuda.synchronize()
+        assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+        assert torch.equal(o2, o), (name, rel_err(o2, o))
+        assert torch.equal(ht2, ht), (name, rel_err(ht2, ht))
+        assert torch.equal(ck[1], ck[0]), name
+    try:
+        gluon_transposed.SEGMENT0_FROM_H0 = False
+        o_m, ht_m = launches["V' on the chain"](segments=2)
+    finally:
+        gluon_transposed.SEGMENT0_FROM_H0 = True
+    o, ht = launches["V' on the chain"](segments=1)
+    print(f"\n  maps' split {B, T, gate} vs unsplit: o {rel_err(o_m, o):.2e} state "
+          f"{rel_err(ht_m, ht):.2e}")
+    assert rel_err(o_m, o) <= 5e-3 and rel_err(ht_m, ht) <= 5e-3
 
 
 @pytest.mark.gpu
