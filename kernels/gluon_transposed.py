@@ -863,7 +863,10 @@ def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_fina
         # the state entering segment 1: the state pass alone over segment 0 from h0 (V
         # columns), the bits the unsplit pass carries there (slab 0 holds h0 or zeros)
         h_in = q.new_empty(2, B, HV, K, V, dtype=torch.float32)
-        h_in[0].copy_(h0) if h0 is not None else h_in[0].zero_()
+        if h0 is not None:
+            h_in[0].copy_(h0)
+        else:
+            h_in[0].zero_()
         direct.launch(chunk_state_output_t_kernel, (V // BV, B * HV, 1), *descs, o, h_in, h_in,
                       float(scale), T, USE_INITIAL_STATE=True, STORE_FINAL_STATE=False,
                       OUTPUT=False, MAP=False, SEG0_END=True, maxnreg=cap, **consts)

@@ -102,6 +102,18 @@ def test_unsupported_inputs_are_refused(monkeypatch):
                                    variant=dict(P_ON_WU=True))
 
 
+# forward_t's cases against fp64, for both forms of V'
+FORWARD_T_CASES = [
+    (1, 64, 1, 1, "normal"),
+    (2, 256, 2, 4, "normal"),   # GVA 2
+    (1, 200, 1, 3, "strong"),   # GVA 3, partial last chunk, strong decay
+    (2, 200, 2, 2, "normal"),   # partial chunk whose boxes read the next sequence's rows
+    (4, 40, 1, 1, "normal"),    # T < 64: every box spans two sequences
+    (1, 8192, 2, 4, "zero"),    # no decay: the segment maps matter
+    (1, 8192, 2, 4, "normal"),
+]
+
+
 def _hopper():
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("warpgroup MMA and setmaxnreg need sm_90 (Hopper)")
@@ -405,15 +417,7 @@ def test_forward_variants_give_the_same_bits(B, T, H, HV, gate, segments):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("segments", [1, 2])
-@pytest.mark.parametrize("B, T, H, HV, gate", [
-    (1, 64, 1, 1, "normal"),
-    (2, 256, 2, 4, "normal"),   # GVA 2
-    (1, 200, 1, 3, "strong"),   # GVA 3, partial last chunk, strong decay
-    (2, 200, 2, 2, "normal"),   # partial chunk whose boxes read the next sequence's rows
-    (4, 40, 1, 1, "normal"),    # T < 64: every box spans two sequences
-    (1, 8192, 2, 4, "zero"),    # no decay: the segment maps matter
-    (1, 8192, 2, 4, "normal"),
-])
+@pytest.mark.parametrize("B, T, H, HV, gate", FORWARD_T_CASES)
 def test_forward_with_w_u_on_chip(B, T, H, HV, gate, segments):
     """forward_t's W/U form (W and U formed on chip by a fourth warpgroup; the fused backend's
     Hopper route in sessions 10–17): against the same
@@ -501,11 +505,12 @@ def test_chain_form_in_torch_follows_the_recurrence():
     """The torch twin of the chain form (used to check the kernel tightly on the GPU) against
     the fp64 recurrence on the CPU, T from an fp64 inverse rounded to bf16: within bf16's
     errors, including a partial chunk, GVA 3, an initial state and g = 0."""
+    from gdn_fused.kernels.chunk_gate import chunk_cumsum
     for B, T, H, HV, gate in ((1, 200, 1, 3, "normal"), (2, 128, 2, 4, "zero"),
                               (1, 300, 1, 2, "strong")):
         q, k, v, g, beta, h0 = make_inputs(B, T, H, HV, 128, 128, torch.bfloat16, gate=gate,
                                            initial_state=True, seed=T)
-        G = _cumsum_in_chunks(g)
+        G = chunk_cumsum(g, 64)
         Ai = _inverse_in_fp64(k, G, beta, HV)
         o, ht = _chain_form_in_torch(q, k, v, G, beta, Ai, 128 ** -0.5, h0)
         o_ref, ht_ref = truth(q, k, v, g, beta, h0, scale=128 ** -0.5)
@@ -514,14 +519,6 @@ def test_chain_form_in_torch_follows_the_recurrence():
         o_bad, _ = _chain_form_in_torch(q, k, v, G * 0.5, beta, Ai, 128 ** -0.5, h0)
         if gate == "normal":
             assert rel_err(o_bad, o_ref) > 2e-2
-
-
-def _cumsum_in_chunks(g, C=64):
-    """G: g cumulated within each chunk of C (fp32), as chunk_cumsum returns it."""
-    B, T, HV = g.shape
-    NT = -(-T // C)
-    x = torch.nn.functional.pad(g.float(), (0, 0, 0, NT * C - T)).view(B, NT, C, HV)
-    return x.cumsum(2).view(B, NT * C, HV)[:, :T]
 
 
 def _inverse_in_fp64(k, G, beta, HV, C=64):
@@ -577,15 +574,7 @@ def test_forward_with_v_new_on_the_chain_against_its_torch_twin(B, T, H, HV, gat
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("segments", [1, 2])
-@pytest.mark.parametrize("B, T, H, HV, gate", [
-    (1, 64, 1, 1, "normal"),
-    (2, 256, 2, 4, "normal"),   # GVA 2
-    (1, 200, 1, 3, "strong"),   # GVA 3, partial last chunk, strong decay
-    (2, 200, 2, 2, "normal"),   # partial chunk whose boxes read the next sequence's rows
-    (4, 40, 1, 1, "normal"),    # T < 64: every box spans two sequences
-    (1, 8192, 2, 4, "zero"),    # no decay: the segment maps matter
-    (1, 8192, 2, 4, "normal"),
-])
+@pytest.mark.parametrize("B, T, H, HV, gate", FORWARD_T_CASES)
 def test_forward_with_v_new_on_the_chain(B, T, H, HV, gate, segments):
     """forward_t with V' = T D_β (V − D_{e^G} K S) formed by the chain (CHAIN_T, the default):
     bf16 rounds V − D_{e^G} K S after the subtraction, where the W/U form rounds W and U
