@@ -146,6 +146,17 @@ def bench_forward(shapes, bandwidth, fla_chunk, backward, backward_graph=False):
                     # bound by the host (about twenty launches) or by the kernels (opt-in: it
                     # adds a capture a row)
                     row[f"{name}_fwdbwd_graph_ms"] = graph_ms(fwd_bwd)
+                if name == "fused" and chunk_bwd.CHAIN_T:
+                    # A/B in the same run: the backward forming W and U (recompute_w_u) instead
+                    # of its chain form (kernels/chunk_bwd.py, CHAIN_T)
+                    chunk_bwd.CHAIN_T = False
+                    try:
+                        row["fused_fwdbwd_w_u_ms"] = triton.testing.do_bench(
+                            fwd_bwd, return_mode="median")
+                        if backward_graph:
+                            row["fused_fwdbwd_w_u_graph_ms"] = graph_ms(fwd_bwd)
+                    finally:
+                        chunk_bwd.CHAIN_T = True
         if uses_state_output_kernel(q, v, CHUNK, None):
             # A/B in the same run: the materialized forward with chunk_state + chunk_output in
             # place of its Gluon state + output kernel
@@ -495,6 +506,11 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS, device="cuda", dtype=t
         "chunk_state (checkpoints)": lambda **kw: chunk_state(
             k, w, u, G, h0, False, CHUNK, N, chunk_offsets=offsets,
             num_chunks=idx["num_chunks"], dot_precision=prec, checkpoints=checkpoints, **kw),
+        # the chain form the backward runs (chunk_bwd.CHAIN_T): T and v in W's and U's places
+        "chunk_state (checkpoints, T and v)": lambda **kw: chunk_state(
+            k, Ai, v, G, h0, False, CHUNK, N, chunk_offsets=offsets,
+            num_chunks=idx["num_chunks"], dot_precision=prec, checkpoints=checkpoints,
+            beta=beta, **kw),
         "chunk_output": lambda **kw: chunk_output(q, k, v_new, h, G, scale, CHUNK,
                                                   chunk_offsets=offsets, dot_precision=prec,
                                                   **idx, **kw),
@@ -514,6 +530,12 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS, device="cuda", dtype=t
         "bwd state gluon beside chunk_state (checkpoints)": lambda: side_by_side(
             kernels["chunk_bwd_state transposed gluon"], kernels["chunk_state (checkpoints)"],
             q.device),
+        # the same pair in the chain form (T for W; T and v for W and U)
+        "chunk_bwd_state transposed gluon, T for W": lambda: chunk_bwd_state_t(
+            q, k, Ai, beta_rows, do, dv_local, scale, dht, h0, chain_t=True),
+        "bwd state gluon beside chunk_state (checkpoints), T for W": lambda: side_by_side(
+            kernels["chunk_bwd_state transposed gluon, T for W"],
+            kernels["chunk_state (checkpoints, T and v)"], q.device),
         "chunk_bwd_dqkwg": lambda **kw: chunk_bwd_dqkwg(
             q, k, v_new, h, dh, g, do, dv2, scale, CHUNK, chunk_offsets=offsets,
             dot_precision=prec, **idx, **kw),
@@ -534,16 +556,27 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS, device="cuda", dtype=t
     if not gluon_tiles_apply(q, do, CHUNK, None) or Ai.dtype != torch.bfloat16:
         for name in ("chunk_bwd_dqkwg gluon", "wu_bwd gluon", "chunk_bwd_state transposed gluon",
                      "bwd state gluon, then chunk_state (checkpoints)",
-                     "bwd state gluon beside chunk_state (checkpoints)"):
+                     "bwd state gluon beside chunk_state (checkpoints)",
+                     "chunk_bwd_state transposed gluon, T for W",
+                     "bwd state gluon beside chunk_state (checkpoints), T for W"):
             del kernels[name]
     else:
         from gdn_fused.kernels.gluon_dqkwg import chunk_bwd_dqkwg_gluon
         from gdn_fused.kernels.gluon_wu_bwd import wu_bwd_gluon
         from gdn_fused.kernels.gluon_bwd_state import chunk_bwd_state_t
         _, gate_rows = chunk_cumsum(g, CHUNK, gate_rows=[])
+        _, beta_rows = chunk_cumsum(g, CHUNK, gate_rows=[beta])
         got = chunk_bwd_state_t(q, k, w, gate_rows, do, dv_local, scale, dht, h0)
         print("bwd state gluon vs triton (dh, dv2), rel:",
               [f"{rel_diff(a, b):.2e}" for a, b in zip(got[:2], (dh, dv2))], flush=True)
+        got = chunk_bwd_state_t(q, k, Ai, beta_rows, do, dv_local, scale, dht, h0,
+                                chain_t=True)
+        print("bwd state gluon, T for W, vs triton with W (dh, dv2), rel:",
+              [f"{rel_diff(a, b):.2e}" for a, b in zip(got[:2], (dh, dv2))], flush=True)
+        got = chunk_state(k, Ai, v, G, h0, False, CHUNK, N, chunk_offsets=offsets,
+                          num_chunks=idx["num_chunks"], dot_precision=prec, beta=beta)
+        print("chunk_state, T and v, vs W and U (h, v_new), rel:",
+              [f"{rel_diff(a, b):.2e}" for a, b in zip(got[:2], (h, v_new))], flush=True)
         # their outputs against the Triton kernels', printed with the times (wu_bwd completes
         # its dk in place, from a copy; the Gluon one sums it over value heads, as group_sum)
         got = chunk_bwd_dqkwg_gluon(q, k, v_new, h, dh, G, do, dv2, scale)

@@ -334,19 +334,22 @@ def _gluon_wu_bwd():
     return wu_bwd_gluon_kernel, sig, dict(H=16, HV=32, K=128, V=128, NKP=2, STAGES=STAGES)
 
 
-def _gluon_bwd_state():
-    """The backward's reverse state pass in Gluon (kernels/gluon_bwd_state.py)."""
-    from gdn_fused.kernels.gluon_bwd_state import (DESCRIPTOR_BLOCKS, STAGES,
+def _gluon_bwd_state(chain_t=False):
+    """The backward's reverse state pass in Gluon (kernels/gluon_bwd_state.py), reading W or,
+    with ``chain_t``, T and the (G, β) rows."""
+    from gdn_fused.kernels.gluon_bwd_state import (CHAIN_T_BLOCKS, DESCRIPTOR_BLOCKS, STAGES,
                                                    chunk_bwd_state_t_kernel)
     from gdn_fused.kernels.gluon_ring import descriptor_layout
-    from gdn_fused.kernels.gluon_transposed import GATE_LAYOUT
-    sig = {f"{n}_desc": (tensordesc("fp64", b, GATE_LAYOUT) if n == "g" else
+    from gdn_fused.kernels.gluon_transposed import GATE_LAYOUT, WU_GATE_LAYOUT
+    gate_layout = WU_GATE_LAYOUT if chain_t else GATE_LAYOUT
+    sig = {f"{n}_desc": (tensordesc("fp64", b, gate_layout) if n == "g" else
                          tensordesc("bf16", b, descriptor_layout(b)))
-           for n, b in DESCRIPTOR_BLOCKS.items()}
+           for n, b in (CHAIN_T_BLOCKS if chain_t else DESCRIPTOR_BLOCKS).items()}
     sig.update(dht="*fp32", dh0="*fp32", scale="fp32", T="i32")
     return chunk_bwd_state_t_kernel, sig, dict(H=16, HV=32, K=128, V=128,
                                                USE_FINAL_STATE_GRAD=True,
-                                               STORE_INITIAL_STATE_GRAD=True, STAGES=STAGES)
+                                               STORE_INITIAL_STATE_GRAD=True, STAGES=STAGES,
+                                               CHAIN_T=chain_t)
 
 
 def _gluon_wu():
@@ -370,7 +373,7 @@ HOPPER_ONLY = ("chunk_state gluon (experimental)", "chunk_state+output gluon (ex
                "forward transposed gluon, W/U on chip, checkpoints",
                "chunk_bwd_dqkwg gluon",
                "wu_bwd gluon",
-               "chunk_bwd_state transposed gluon",
+               "chunk_bwd_state transposed gluon", "chunk_bwd_state transposed gluon, T for W",
                "segment maps transposed gluon, W/U on chip",
                "state pass storing h transposed gluon (experimental)",
                "state+output transposed gluon, two output groups")
@@ -428,6 +431,8 @@ def _kernels() -> dict:
         "wu_bwd gluon": (_gluon_wu_bwd, dict(num_warps=4, maxnreg=WU_BWD_MAXNREG)),
         "chunk_bwd_state transposed gluon": (_gluon_bwd_state,
                                              dict(num_warps=4, maxnreg=BWD_STATE_MAXNREG)),
+        "chunk_bwd_state transposed gluon, T for W": (
+            lambda: _gluon_bwd_state(True), dict(num_warps=4, maxnreg=BWD_STATE_MAXNREG)),
         "segment maps transposed gluon, W/U on chip": (
             lambda: _gluon_transposed_wu(False, True), dict(num_warps=4, maxnreg=T_MAXNREG_WU)),
         "state pass storing h transposed gluon (experimental)": (

@@ -131,15 +131,19 @@ KERNELS = {
         dict(_DENSE, BK=128, BV=64), [dict(num_warps=4, num_stages=3)]),
     "chunk_bwd_state": ("chunk_bwd_state", "chunk_bwd_state_kernel", dict(
         q=_BF, k=_BF, w=_BF, g=_F32, do=_BF, dv_local=_BF, dh=_BF, dv2=_BF, dht=_F32,
-        dh0=_F32, cu_seqlens=_I32, chunk_offsets=_I32),
+        dh0=_F32, cu_seqlens=_I32, chunk_offsets=_I32, beta=_F32),
         dict(_DENSE, BK=128, USE_FINAL_STATE_GRAD=True, STORE_INITIAL_STATE_GRAD=True),
-        _STATE_LAUNCHES),
+        # and with T in W's place (the backward's chain form, kernels/chunk_bwd.py CHAIN_T)
+        _STATE_LAUNCHES + [dict(launch, CHAIN_T=True) for launch in _STATE_LAUNCHES]),
     "chunk_state": ("chunk_state", "chunk_state_kernel", dict(
         k=_BF, w=_BF, u=_BF, G="*fp64", h=_BF, v_new=_BF, h0=_F32, ht=_F32, cu_seqlens=_I32,
-        chunk_offsets=_I32, checkpoints=_F32),
+        chunk_offsets=_I32, checkpoints=_F32, beta=_F32),
         dict(_DENSE, BK=128, USE_INITIAL_STATE=True, STORE_FINAL_STATE=True),
-        # and the backward's recompute split at the forward's checkpoints (chunk_state.py)
-        _STATE_LAUNCHES + [dict(num_warps=4, num_stages=2, BV=64, SEG_CHUNKS=64)]),
+        # and the backward's recompute split at the forward's checkpoints (chunk_state.py),
+        # in the W/U form and in the chain form (T and v: kernels/chunk_bwd.py CHAIN_T)
+        _STATE_LAUNCHES + [dict(num_warps=4, num_stages=2, BV=64, SEG_CHUNKS=64, CHAIN_T=c)
+                           for c in (False, True)]
+        + [dict(launch, CHAIN_T=True) for launch in _STATE_LAUNCHES]),
     "chunk_output": ("chunk_output", "chunk_output_kernel", dict(
         q=_BF, k=_BF, v_new=_BF, h=_BF, G="*fp64", o=_BF, cu_seqlens=_I32,
         chunk_indices=_I32, chunk_offsets=_I32), dict(_DENSE, BK=128, BV=64),

@@ -90,21 +90,31 @@ GLUON_BWD_STATE = os.environ.get("GDN_GLUON_BWD_STATE", "1") != "0"
 
 
 def reverse_states(q, k, w, g, gate_rows, do, dv_local, scale, dht, initial_state, chunk_size,
-                   N, cu_seqlens, chunk_offsets, num_chunks, prec):
+                   N, cu_seqlens, chunk_offsets, num_chunks, prec, beta=None):
     """(dh, dv2, dh0): the Gluon kernel where ``gate_rows`` (chunk_cumsum's, given where
     :func:`uses_gluon_bwd_state`) are given, else chunk_bwd_state; the same math
-    (tests/test_gluon_bwd_state.py)."""
+    (tests/test_gluon_bwd_state.py). ``w``: W, or with ``beta`` T (the chain form)."""
     if gate_rows is not None:
         from gdn_fused.kernels.gluon_bwd_state import chunk_bwd_state_t
-        return chunk_bwd_state_t(q, k, w, gate_rows, do, dv_local, scale, dht, initial_state)
+        return chunk_bwd_state_t(q, k, w, gate_rows, do, dv_local, scale, dht, initial_state,
+                                 chain_t=beta is not None)
     return chunk_bwd_state(q, k, w, g, do, dv_local, scale, dht, initial_state, chunk_size, N,
                            cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets,
-                           num_chunks=num_chunks, dot_precision=prec)
+                           num_chunks=num_chunks, dot_precision=prec, beta=beta)
 
 
 def uses_gluon_bwd_state(q, do, chunk_size, cu_seqlens):
     """Whether the reverse state pass runs as kernels/gluon_bwd_state.py's kernel."""
     return GLUON_BWD_STATE and gluon_tiles_apply(q, do, chunk_size, cu_seqlens)
+
+
+# The backward in the forward's chain form (forward_t, kernels/gluon_transposed.py): the
+# recompute of h and v_new forms V' = T diag(β) (V − diag(e^G) K h) and the reverse state pass
+# Wᵀ dV' = Kᵀ diag(β e^G) (Tᵀ dV'), so W and U are never formed (recompute_w_u and their HBM
+# round trips gone; one product more a chunk on each state pass's chain). dQ/dK/dW/dg and
+# wu_bwd are unchanged: dW = −dV' hᵀ needs no W. GDN_BACKWARD_W_U=1 forms W and U as before
+# (A/B timing).
+CHAIN_T = os.environ.get("GDN_BACKWARD_W_U", "0") != "1"
 
 
 # The recompute of h and v_new on the forward's transposed Gluon chain (gluon_transposed.
@@ -115,18 +125,21 @@ RECOMPUTE_ON_TRANSPOSED_CHAIN = False
 
 
 def recompute_states(q, k, w, u, G, initial_state, chunk_size, N, cu_seqlens, chunk_offsets,
-                     num_chunks, prec, checkpoints=None):
+                     num_chunks, prec, checkpoints=None, beta=None):
     """(h, v_new) of the forward, from chunk_state (split at the forward's ``checkpoints``
-    when it stored them) or, on Hopper where the forward uses the transposed Gluon kernel (and
-    RECOMPUTE_ON_TRANSPOSED_CHAIN), from chunk_state_t — the same bits either way."""
-    if RECOMPUTE_ON_TRANSPOSED_CHAIN and uses_state_output_kernel(q, u, chunk_size, cu_seqlens):
+    when it stored them; ``w``, ``u``: W and U, or with ``beta`` T and v, the chain form) or,
+    on Hopper where the forward uses the transposed Gluon kernel (and
+    RECOMPUTE_ON_TRANSPOSED_CHAIN, W/U form only), from chunk_state_t — the same bits either
+    way."""
+    if (RECOMPUTE_ON_TRANSPOSED_CHAIN and beta is None
+            and uses_state_output_kernel(q, u, chunk_size, cu_seqlens)):
         from gdn_fused.kernels.gluon_transposed import chunk_state_t
         h, v_new, _ = chunk_state_t(k, w, u, G, initial_state, False)
         return h, v_new
     h, v_new, _ = chunk_state(k, w, u, G, initial_state, False, chunk_size, N,
                               cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets,
                               num_chunks=num_chunks, dot_precision=prec,
-                              checkpoints=checkpoints)
+                              checkpoints=checkpoints, beta=beta)
     return h, v_new
 
 
@@ -218,21 +231,24 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, initial_state, do, dht, 
     # whatever solve_method the forward ran)
     gate_rows = None
     if uses_gluon_bwd_state(q, do, chunk_size, cu_seqlens):
-        G, gate_rows = chunk_cumsum(g, chunk_size, gate_rows=[], **idx)
+        G, gate_rows = chunk_cumsum(g, chunk_size, gate_rows=[beta] if CHAIN_T else [], **idx)
     else:
         G = chunk_cumsum(g, chunk_size, **idx)
     if Ai is None:
         Ai = chunk_inverse(k, G, beta, HV, chunk_size, default_inverse_dtype(q.dtype), **idx)
-    w, u = recompute_w_u(k, v, G, beta, Ai, dot_precision=prec, **idx)
+    # the chain form: T and v in the places of W and U (never formed), β to the state passes
+    w, u, chain_beta = (Ai, v, beta) if CHAIN_T else (
+        *recompute_w_u(k, v, G, beta, Ai, dot_precision=prec, **idx), None)
     dv_local = chunk_bwd_dv_local(q, k, g, do, scale, chunk_size, dot_precision=prec, **idx)
 
     def reverse():
         return reverse_states(q, k, w, g, gate_rows, do, dv_local, scale, dht, initial_state,
-                              chunk_size, N, cu_seqlens, chunk_offsets, idx["num_chunks"], prec)
+                              chunk_size, N, cu_seqlens, chunk_offsets, idx["num_chunks"], prec,
+                              chain_beta)
 
     def recompute():
         return recompute_states(q, k, w, u, G, initial_state, chunk_size, N, cu_seqlens,
-                                chunk_offsets, idx["num_chunks"], prec, checkpoints)
+                                chunk_offsets, idx["num_chunks"], prec, checkpoints, chain_beta)
     if overlaps_recompute(gate_rows is not None, q, v):
         (dh, dv2, dh0), (h, v_new) = side_by_side(reverse, recompute, q.device)
     else:

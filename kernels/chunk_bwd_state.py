@@ -28,11 +28,12 @@ from gdn_fused.kernels.chunk_state import state_blocks, state_stages
 
 @triton.jit
 def chunk_bwd_state_kernel(q, k, w, g, do, dv_local, dh, dv2, dht, dh0, cu_seqlens,
-                           chunk_offsets, scale, T, H: tl.constexpr, HV: tl.constexpr,
+                           chunk_offsets, beta, scale, T, H: tl.constexpr, HV: tl.constexpr,
                            K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                            BV: tl.constexpr, USE_FINAL_STATE_GRAD: tl.constexpr,
                            STORE_INITIAL_STATE_GRAD: tl.constexpr, IS_VARLEN: tl.constexpr,
-                           DOT_PREC: tl.constexpr):
+                           DOT_PREC: tl.constexpr, CHAIN_T: tl.constexpr = False):
+    """With CHAIN_T, w is T ([.., HV, BT] rows): Wᵀ dV' as Kᵀ diag(β e^G) (Tᵀ dV')."""
     i_v, i_n, i_hv, i_h, bos, seqlen, NT, boh, p_state = state_program(
         T, cu_seqlens, chunk_offsets, H, HV, K, V, BT, IS_VARLEN)
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
@@ -51,8 +52,6 @@ def chunk_bwd_state_kernel(q, k, w, g, do, dv_local, dh, dv2, dht, dh0, cu_seqle
                                 (i_t * BT, 0), (BT, BK), (1, 0))
         p_qt = tl.make_block_ptr(q + (bos * H + i_h) * K, (K, seqlen), (1, H * K),
                                  (0, i_t * BT), (BK, BT), (0, 1))
-        p_wt = tl.make_block_ptr(w + (bos * HV + i_hv) * K, (K, seqlen), (1, HV * K),
-                                 (0, i_t * BT), (BK, BT), (0, 1))
         p_do = tl.make_block_ptr(do + (bos * HV + i_hv) * V, (seqlen, V), (HV * V, 1),
                                  (i_t * BT, i_v * BV), (BT, BV), (1, 0))
         p_dvl = tl.make_block_ptr(dv_local + (bos * HV + i_hv) * V, (seqlen, V), (HV * V, 1),
@@ -61,7 +60,6 @@ def chunk_bwd_state_kernel(q, k, w, g, do, dv_local, dh, dv2, dht, dh0, cu_seqle
                                   (i_t * BT, i_v * BV), (BT, BV), (1, 0))
         b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
         b_qt = tl.load(p_qt, boundary_check=(0, 1), padding_option="zero")
-        b_wt = tl.load(p_wt, boundary_check=(0, 1), padding_option="zero")
         b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
         b_dv = tl.load(p_dvl, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
         # the state leaving the chunk saw row i decayed by e^{G_C − G_i} ≤ 1
@@ -69,9 +67,23 @@ def chunk_bwd_state_kernel(q, k, w, g, do, dv_local, dh, dv2, dht, dh0, cu_seqle
             * decay(b_G_last - b_G, valid)[:, None]
         tl.store(p_dv2, b_dv.to(p_dv2.dtype.element_ty), boundary_check=(0, 1))
         b_dog = (b_do * (scale * decay(b_G, valid))[:, None]).to(b_qt.dtype)
+        if CHAIN_T:
+            # W = T diag(β e^G) K never formed: Wᵀ dV' = Kᵀ (diag(β e^G) Tᵀ dV')
+            p_T = tl.make_block_ptr(w + (bos * HV + i_hv) * BT, (seqlen, BT), (HV * BT, 1),
+                                    (i_t * BT, 0), (BT, BT), (1, 0))
+            b_T = tl.load(p_T, boundary_check=(0, 1), padding_option="zero").to(b_k.dtype)
+            b_beta = tl.load(beta + (bos + i_t * BT + o_i) * HV + i_hv, mask=valid,
+                             other=0.).to(tl.float32)
+            b_y = tl.dot(tl.trans(b_T), b_dv.to(b_k.dtype), input_precision=DOT_PREC) \
+                * (b_beta * decay(b_G, valid))[:, None]
+            b_wdv = tl.dot(tl.trans(b_k), b_y.to(b_k.dtype), input_precision=DOT_PREC)
+        else:
+            p_wt = tl.make_block_ptr(w + (bos * HV + i_hv) * K, (K, seqlen), (1, HV * K),
+                                     (0, i_t * BT), (BK, BT), (0, 1))
+            b_wt = tl.load(p_wt, boundary_check=(0, 1), padding_option="zero")
+            b_wdv = tl.dot(b_wt, b_dv.to(b_wt.dtype), input_precision=DOT_PREC)
         b_dh = b_dh * tl.exp(b_G_last.to(tl.float32)) \
-            + tl.dot(b_qt, b_dog, input_precision=DOT_PREC) \
-            - tl.dot(b_wt, b_dv.to(b_wt.dtype), input_precision=DOT_PREC)
+            + tl.dot(b_qt, b_dog, input_precision=DOT_PREC) - b_wdv
     if STORE_INITIAL_STATE_GRAD:
         p_dh0 = tl.make_block_ptr(dh0 + p_state, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
         tl.store(p_dh0, b_dh.to(p_dh0.dtype.element_ty), boundary_check=(0, 1))
@@ -79,13 +91,15 @@ def chunk_bwd_state_kernel(q, k, w, g, do, dv_local, dh, dv2, dht, dh0, cu_seqle
 
 def chunk_bwd_state(q, k, w, g, do, dv_local, scale, dht, initial_state, chunk_size, num_seqs,
                     cu_seqlens=None, chunk_offsets=None, num_chunks=None, dot_precision="ieee",
-                    block_v=None, **launch):
+                    block_v=None, beta=None, **launch):
     """Reverse recurrence over chunks, one program per (value block, sequence, value head);
     value columns per program from :func:`~gdn_fused.kernels.chunk_state.state_blocks`, or
     ``block_v``; ``launch``: num_warps, num_stages (launch sweeps).
 
     Args:
-        q, k: ``[B, T, H, K]``; w: ``[B, T, HV, K]`` (W of the forward, recomputed);
+        q, k: ``[B, T, H, K]``; w: ``[B, T, HV, K]`` (W of the forward, recomputed) or, with
+        ``beta`` ``[B, T, HV]``, the forward's T ``[B, T, HV, C]`` (W = T diag(β e^G) K is
+        then never formed: the dh term Wᵀ dV' is Kᵀ diag(β e^G) (Tᵀ dV'));
         g: ``[B, T, HV]`` per-token log-decay; do: ``[B, T, HV, V]``;
         dv_local: ``[B, T, HV, V]`` (kernels/chunk_bwd_dv.py); dht: ``[N, HV, K, V]``
         cotangent of the final state or None;
@@ -108,8 +122,9 @@ def chunk_bwd_state(q, k, w, g, do, dv_local, scale, dht, initial_state, chunk_s
     grid = (triton.cdiv(V, BV), num_seqs * HV)
     launch = {"num_stages": state_stages(grid[0] * grid[1], k.device), **launch}
     direct.launch(chunk_bwd_state_kernel, grid, q, k, w, g, do, dv_local, dh, dv2, dht, dh0,
-                  cu_seqlens, chunk_offsets, scale, T, H=H, HV=HV, K=K, V=V, BT=chunk_size,
+                  cu_seqlens, chunk_offsets, beta, scale, T, H=H, HV=HV, K=K, V=V, BT=chunk_size,
                   BK=BK, BV=BV, USE_FINAL_STATE_GRAD=dht is not None,
                   STORE_INITIAL_STATE_GRAD=initial_state is not None,
-                  IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision, **launch)
+                  IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision,
+                  CHAIN_T=beta is not None, **launch)
     return dh, dv2, dh0

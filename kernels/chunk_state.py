@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from gdn_fused.kernels import launch as direct
+from gdn_fused.kernels.chunk_gate import decay as gate_decay
 from gdn_fused.kernels.chunk_index import load_state_tile, sm_count, state_program
 
 # Chunks between the forward's state checkpoints, and so a segment of the backward's
@@ -25,14 +26,15 @@ SEGMENT_CHUNKS = 64
 
 @triton.jit
 def chunk_state_kernel(k, w, u, G, h, v_new, h0, ht, cu_seqlens, chunk_offsets, T, checkpoints,
-                       H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                       beta, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                       V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                        USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
                        IS_VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
-                       SEG_CHUNKS: tl.constexpr = 0):
+                       SEG_CHUNKS: tl.constexpr = 0, CHAIN_T: tl.constexpr = False):
     """Grid (V / BV, N·HV) or, with SEG_CHUNKS > 0, (V / BV, N·HV, segments): segment s runs
     chunks [s·SEG_CHUNKS, (s + 1)·SEG_CHUNKS) from checkpoints[s − 1] ([segments − 1, N, HV,
-    K, V] fp32), segment 0 from h0."""
+    K, V] fp32), segment 0 from h0. With CHAIN_T, w is T ([.., HV, BT] rows) and u is v:
+    V' = T diag(β) (V − diag(e^G) K h), W and U never formed."""
     i_v, i_n, i_hv, i_h, bos, seqlen, NT, boh, p_state = state_program(
         T, cu_seqlens, chunk_offsets, H, HV, K, V, BT, IS_VARLEN)
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
@@ -57,26 +59,38 @@ def chunk_state_kernel(k, w, u, G, h, v_new, h0, ht, cu_seqlens, chunk_offsets, 
         p_h = tl.make_block_ptr(h + ((boh + i_t).to(tl.int64) * HV + i_hv) * K * V, (K, V), (V, 1),
                                 (0, i_v * BV), (BK, BV), (1, 0))
         tl.store(p_h, b_h.to(p_h.dtype.element_ty), boundary_check=(0, 1))
-        p_w = tl.make_block_ptr(w + (bos * HV + i_hv) * K, (seqlen, K), (HV * K, 1),
-                                (i_t * BT, 0), (BT, BK), (1, 0))
         p_u = tl.make_block_ptr(u + (bos * HV + i_hv) * V, (seqlen, V), (HV * V, 1),
                                 (i_t * BT, i_v * BV), (BT, BV), (1, 0))
         p_vn = tl.make_block_ptr(v_new + (bos * HV + i_hv) * V, (seqlen, V), (HV * V, 1),
                                  (i_t * BT, i_v * BV), (BT, BV), (1, 0))
         p_k = tl.make_block_ptr(k + (bos * H + i_h) * K, (K, seqlen), (1, H * K),
                                 (0, i_t * BT), (BK, BT), (0, 1))
-        b_w = tl.load(p_w, boundary_check=(0, 1))
-        b_vn = tl.load(p_u, boundary_check=(0, 1)).to(tl.float32) - \
-            tl.dot(b_w, b_h.to(b_w.dtype), input_precision=DOT_PREC)
-        tl.store(p_vn, b_vn.to(p_vn.dtype.element_ty), boundary_check=(0, 1))
         last = tl.minimum((i_t + 1) * BT, seqlen) - 1
         b_G_last = tl.load(G + (bos + last) * HV + i_hv)
         valid = (i_t * BT + o_i) < seqlen
         b_G = tl.load(G + (bos + i_t * BT + o_i) * HV + i_hv, mask=valid, other=0.)
-        # decay each row to the chunk end; G_C − G_i ≤ 0, so the exp cannot overflow
-        decay = (b_G_last - b_G).to(tl.float32)
-        b_vn = b_vn * tl.where(valid, tl.exp(tl.where(valid, decay, 0.)), 0.)[:, None]
         b_k = tl.load(p_k, boundary_check=(0, 1))
+        if CHAIN_T:
+            # forward_t's chain form (kernels/gluon_transposed.py): V − diag(e^G) K h rounded
+            # after the subtraction, then its product with T
+            p_T = tl.make_block_ptr(w + (bos * HV + i_hv) * BT, (seqlen, BT), (HV * BT, 1),
+                                    (i_t * BT, 0), (BT, BT), (1, 0))
+            b_T = tl.load(p_T, boundary_check=(0, 1)).to(b_k.dtype)
+            b_beta = tl.load(beta + (bos + i_t * BT + o_i) * HV + i_hv, mask=valid,
+                             other=0.).to(tl.float32)
+            b_kh = tl.dot(tl.trans(b_k), b_h.to(b_k.dtype), input_precision=DOT_PREC)
+            b_x = (tl.load(p_u, boundary_check=(0, 1)).to(tl.float32)
+                   - b_kh * gate_decay(b_G, valid)[:, None]) * b_beta[:, None]
+            b_vn = tl.dot(b_T, b_x.to(b_k.dtype), input_precision=DOT_PREC)
+        else:
+            p_w = tl.make_block_ptr(w + (bos * HV + i_hv) * K, (seqlen, K), (HV * K, 1),
+                                    (i_t * BT, 0), (BT, BK), (1, 0))
+            b_w = tl.load(p_w, boundary_check=(0, 1))
+            b_vn = tl.load(p_u, boundary_check=(0, 1)).to(tl.float32) - \
+                tl.dot(b_w, b_h.to(b_w.dtype), input_precision=DOT_PREC)
+        tl.store(p_vn, b_vn.to(p_vn.dtype.element_ty), boundary_check=(0, 1))
+        # decay each row to the chunk end; G_C − G_i ≤ 0, so the exp cannot overflow
+        b_vn = b_vn * gate_decay(b_G_last - b_G, valid)[:, None]
         b_h = b_h * tl.exp(b_G_last.to(tl.float32)) + \
             tl.dot(b_k, b_vn.to(b_k.dtype), input_precision=DOT_PREC)
     if STORE_FINAL_STATE and i_s == last_seg:
@@ -138,8 +152,14 @@ def new_checkpoints(B: int, T: int, HV: int, K: int, V: int, chunk_size: int,
 
 def chunk_state(k, w, u, G, initial_state, output_final_state, chunk_size, num_seqs,
                 cu_seqlens=None, chunk_offsets=None, num_chunks=None, dot_precision="ieee",
-                block_v=None, checkpoints=None, segment_chunks=None, **launch):
+                block_v=None, checkpoints=None, segment_chunks=None, beta=None, **launch):
     """Returns (h [NT_total, HV, K, V] in k's dtype, v_new like u, final_state fp32 or None).
+
+    w, u: W and U ([B, T, HV, K], [B, T, HV, V]: recompute_w_u), V'_c = U_c − W_c h_c; or,
+    with ``beta`` ([B, T, HV]), T ([B, T, HV, C], the inverse) and v, V'_c = T_c diag(β)
+    (V_c − diag(e^G) K_c h_c), the chain form of forward_t (kernels/gluon_transposed.py):
+    the backward's recompute then needs no W and U (the same math; bf16 rounds the difference
+    instead of W and U).
 
     checkpoints: ``[S − 1, N, HV, K, V]`` fp32, the states entering chunks segment_chunks,
     2·segment_chunks, … of every sequence (default :data:`SEGMENT_CHUNKS`), or None: with them
@@ -181,10 +201,11 @@ def chunk_state(k, w, u, G, initial_state, output_final_state, chunk_size, num_s
     grid = (triton.cdiv(V, BV), num_seqs * HV, segments)
     launch = {"num_stages": state_stages(grid[0] * grid[1] * grid[2], k.device), **launch}
     direct.launch(chunk_state_kernel, grid, k, w, u, G, h, v_new, initial_state, ht, cu_seqlens,
-                  chunk_offsets, T, checkpoints, H=H, HV=HV, K=K, V=V, BT=chunk_size, BK=BK,
+                  chunk_offsets, T, checkpoints, beta, H=H, HV=HV, K=K, V=V, BT=chunk_size,
+                  BK=BK,
                   BV=BV, USE_INITIAL_STATE=initial_state is not None,
                   STORE_FINAL_STATE=output_final_state,
                   IS_VARLEN=cu_seqlens is not None, DOT_PREC=dot_precision,
                   SEG_CHUNKS=0 if checkpoints is None else segment_chunks,
-                  **launch)
+                  CHAIN_T=beta is not None, **launch)
     return h, v_new, ht

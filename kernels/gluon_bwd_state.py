@@ -46,8 +46,8 @@ from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.gluon_ring import (LOAD_REGS, LOAD_WARPS, accumulator_layout, check_heads,
                                           check_operands, descriptor_layout, ring_barriers,
                                           ring_buffers, tile_bytes)
-from gdn_fused.kernels.gluon_transposed import (GATE_LAYOUT, _chunk_decay, _gate_row,
-                                                _state_tile_t)
+from gdn_fused.kernels.gluon_transposed import (GATE_LAYOUT, WU_GATE_BLOCK, WU_GATE_LAYOUT,
+                                                _chunk_decay, _gate_row, _state_tile_t)
 
 CHUNK = 64
 HEAD_DIM = 128
@@ -56,6 +56,8 @@ STAGES = 2
 DESCRIPTOR_BLOCKS = dict(k=[CHUNK, HEAD_DIM], q=[CHUNK, HEAD_DIM], w=[CHUNK, HEAD_DIM],
                          do=[CHUNK, BV], dvl=[CHUNK, BV], g=[1, CHUNK], dv2=[CHUNK, BV],
                          dh=[HEAD_DIM, BV])
+# with T in place of W (CHAIN_T): T's [C, C] tiles and the (G, β) row pairs
+CHAIN_T_BLOCKS = dict(DESCRIPTOR_BLOCKS, w=[CHUNK, CHUNK], g=WU_GATE_BLOCK)
 # the chain's warpgroup and the producer warp (padded to 4): 8 warps
 MAXNREG = 240
 
@@ -85,8 +87,11 @@ def _producer(descs, bufs, ready, empty, row0, NT, kcol, wcol, vcol, g_row):
 @gluon.jit
 def _chain(bufs, ready, empty, dh_tiles, dv_tiles, dh_desc, dv2_desc, dht, dh0, scale, T, NT,
            i_n, i_hv, i_v, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
-           USE_FINAL_STATE_GRAD: gl.constexpr, STORE_INITIAL_STATE_GRAD: gl.constexpr):
-    """The reverse recurrence of one (sequence, value head, value block)."""
+           USE_FINAL_STATE_GRAD: gl.constexpr, STORE_INITIAL_STATE_GRAD: gl.constexpr,
+           CHAIN_T: gl.constexpr):
+    """The reverse recurrence of one (sequence, value head, value block); with CHAIN_T the
+    ring's w tiles are T's and dV'ᵀ W is ((dV'ᵀ T) D_{β e^G}) K, one product more on the
+    chain."""
     k_bufs, q_bufs, w_bufs, do_bufs, dvl_bufs, g_bufs = bufs
     BT: gl.constexpr = k_bufs.type.shape[1]
     BVr: gl.constexpr = do_bufs.type.shape[2]
@@ -112,7 +117,8 @@ def _chain(bufs, ready, empty, dh_tiles, dv_tiles, dh_desc, dv2_desc, dht, dh0, 
         b_G = _gate_row(g_bufs, s, 0).load(gl.SliceLayout(0, acc_t))
         decay, gam = _chunk_decay(b_G, i_t, T, o_c)
         valid = i_t * BT + o_c < T
-        e_g = gl.where(valid, gl.exp(gl.where(valid, b_G, 0.).to(gl.float32)), 0.) * scale
+        e_G = gl.where(valid, gl.exp(gl.where(valid, b_G, 0.).to(gl.float32)), 0.)
+        e_g = e_G * scale
         # (dOᵀ D_{scale·e^G}) Q into e^{G_C} dHᵀ: independent of the chain's first product
         do_t = do_bufs.index(s).permute((1, 0)).load(acc_t).to(gl.float32)
         o_op = gl.convert_layout((do_t * e_g[None, :]).to(gl.bfloat16), a_k)
@@ -126,9 +132,20 @@ def _chain(bufs, ready, empty, dh_tiles, dv_tiles, dh_desc, dv2_desc, dht, dh0, 
         X, d_op = warpgroup_mma_wait(1, deps=[X, d_op])
         dv = dvl_bufs.index(s).permute((1, 0)).load(acc_t).to(gl.float32) + X * decay[None, :]
         dv16 = dv.to(gl.bfloat16)
-        n_op = gl.convert_layout(-dv16, a_k)
-        S = warpgroup_mma(n_op, w_bufs.index(s), S, is_async=True)
-        dv_tiles.index(tile).permute((1, 0)).store(dv16)
+        if CHAIN_T:
+            # dV'ᵀ T, its columns scaled by β e^G (β is 0 past T: zero-padded rows), then K
+            y_op = gl.convert_layout(dv16, a_t)
+            Y = warpgroup_mma(y_op, w_bufs.index(s), gl.zeros([BVr, BT], gl.float32, acc_t),
+                              use_acc=False, is_async=True)
+            b_beta = _gate_row(g_bufs, s, 1).load(gl.SliceLayout(0, acc_t)).to(gl.float32)
+            dv_tiles.index(tile).permute((1, 0)).store(dv16)
+            Y, y_op, S = warpgroup_mma_wait(0, deps=[Y, y_op, S])
+            n_op = gl.convert_layout((Y * (-(e_G * b_beta))[None, :]).to(gl.bfloat16), a_k)
+            S = warpgroup_mma(n_op, k_bufs.index(s), S, is_async=True)
+        else:
+            n_op = gl.convert_layout(-dv16, a_k)
+            S = warpgroup_mma(n_op, w_bufs.index(s), S, is_async=True)
+            dv_tiles.index(tile).permute((1, 0)).store(dv16)
         S, o_op, n_op = warpgroup_mma_wait(0, deps=[S, o_op, n_op])
         # the stage's tiles are read (and the staging tiles written): fence for the TMA
         # stores, every warp, then the one arrive and the stores
@@ -150,8 +167,10 @@ def chunk_bwd_state_t_kernel(k_desc, q_desc, w_desc, do_desc, dvl_desc, g_desc, 
                              dh_desc, dht, dh0, scale, T, H: gl.constexpr, HV: gl.constexpr,
                              K: gl.constexpr, V: gl.constexpr,
                              USE_FINAL_STATE_GRAD: gl.constexpr,
-                             STORE_INITIAL_STATE_GRAD: gl.constexpr, STAGES: gl.constexpr):
-    """Grid (V / BV, B·HV)."""
+                             STORE_INITIAL_STATE_GRAD: gl.constexpr, STAGES: gl.constexpr,
+                             CHAIN_T: gl.constexpr = False):
+    """Grid (V / BV, B·HV); with CHAIN_T, w_desc reads T ([C, C] tiles) and g_desc the (G, β)
+    row pairs."""
     i_v, i_nh = gl.program_id(0), gl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
@@ -170,19 +189,23 @@ def chunk_bwd_state_t_kernel(k_desc, q_desc, w_desc, do_desc, dvl_desc, g_desc, 
     gl.warp_specialize([
         (_chain, (bufs, ready, empty, dh_tiles, dv_tiles, dh_desc, dv2_desc, dht, dh0, scale, T,
                   NT, i_n, i_hv, i_v, HV, K, V, USE_FINAL_STATE_GRAD,
-                  STORE_INITIAL_STATE_GRAD)),
-        (_producer, (descs, bufs, ready, empty, i_n * T, NT, i_h * K, i_hv * K,
-                     i_hv * V + i_v * BVr, i_nh)),
+                  STORE_INITIAL_STATE_GRAD, CHAIN_T)),
+        (_producer, (descs, bufs, ready, empty, i_n * T, NT, i_h * K,
+                     i_hv * w_desc.block_type.shape[1], i_hv * V + i_v * BVr,
+                     i_nh * g_desc.block_type.shape[0])),
     ], [LOAD_WARPS], [LOAD_REGS])
 
 
-def chunk_bwd_state_t(q, k, w, gate_rows, do, dv_local, scale, dht, initial_state):
+def chunk_bwd_state_t(q, k, w, gate_rows, do, dv_local, scale, dht, initial_state,
+                      chain_t=False):
     """chunk_bwd_state's outputs where materialized.gluon_tiles_apply(q, do, 64, None) holds
     (the caller checks).
 
-    q, k [B, T, H, 128] bf16; w [B, T, HV, 128] bf16; gate_rows [B·HV, ⌈T/64⌉·64] fp64 (the
-    chunk-local cumsum G as chunk_cumsum(..., gate_rows=[]) lays it out, zero past T);
-    do, dv_local [B, T, HV, 128] bf16; dht [B, HV, 128, 128] or None; initial_state (only
+    q, k [B, T, H, 128] bf16; w [B, T, HV, 128] bf16 (W), or with ``chain_t`` the forward's
+    T [B, T, HV, 64] bf16 (W = T diag(β e^G) K is then never formed); gate_rows
+    [B·HV·R, ⌈T/64⌉·64] fp64 as chunk_cumsum(..., gate_rows=[]) (R = 1: G) or, with
+    ``chain_t``, chunk_cumsum(..., gate_rows=[beta]) (R = 2: G, β) lays them out, zero past
+    T; do, dv_local [B, T, HV, 128] bf16; dht [B, HV, 128, 128] or None; initial_state (only
     whether it is given: then dh0 is returned, in its dtype). Returns (dh [B·NT, HV, 128, 128]
     bf16, dv2 like do, dh0 or None), as chunk_bwd_state. Raises ValueError for other shapes or
     dtypes."""
@@ -192,9 +215,11 @@ def chunk_bwd_state_t(q, k, w, gate_rows, do, dv_local, scale, dht, initial_stat
     bf16 = torch.bfloat16
     check_heads("chunk_bwd_state_t", k, do, HEAD_DIM)
     state = (B, HV, K, V)
+    R = 2 if chain_t else 1
     check_operands("chunk_bwd_state_t", [
-        ("q", q, k.shape, bf16), ("k", k, k.shape, bf16), ("w", w, (B, T, HV, K), bf16),
-        ("gate_rows", gate_rows, (B * HV, NT * CHUNK), torch.float64),
+        ("q", q, k.shape, bf16), ("k", k, k.shape, bf16),
+        ("Ai" if chain_t else "w", w, (B, T, HV, CHUNK if chain_t else K), bf16),
+        ("gate_rows", gate_rows, (B * HV * R, NT * CHUNK), torch.float64),
         ("do", do, (B, T, HV, V), bf16), ("dv_local", dv_local, (B, T, HV, V), bf16),
         ("dht", dht, state, None), ("initial_state", initial_state, state, None)])
     q, k, w, do, dv_local = (x.contiguous() for x in (q, k, w, do, dv_local))
@@ -203,16 +228,18 @@ def chunk_bwd_state_t(q, k, w, gate_rows, do, dv_local, scale, dht, initial_stat
     dh0 = (torch.empty(B, HV, K, V, dtype=torch.float32, device=k.device)
            if initial_state is not None else None)
     dht = dht.float().contiguous() if dht is not None else None
-    views = dict(k=k.view(B * T, H * K), q=q.view(B * T, H * K), w=w.view(B * T, HV * K),
+    views = dict(k=k.view(B * T, H * K), q=q.view(B * T, H * K), w=w.view(B * T, -1),
                  do=do.view(B * T, HV * V), dvl=dv_local.view(B * T, HV * V), g=gate_rows,
                  dv2=dv2.view(B * T, HV * V), dh=dh.view(B * NT * HV * K, V))
+    blocks = CHAIN_T_BLOCKS if chain_t else DESCRIPTOR_BLOCKS
+    gate_layout = WU_GATE_LAYOUT if chain_t else GATE_LAYOUT
     descs = [TensorDescriptor.from_tensor(
-        x, DESCRIPTOR_BLOCKS[n],
-        GATE_LAYOUT if n == "g" else descriptor_layout(DESCRIPTOR_BLOCKS[n]))
+        x, blocks[n], gate_layout if n == "g" else descriptor_layout(blocks[n]))
         for n, x in views.items()]
     direct.launch(chunk_bwd_state_t_kernel, (V // BV, B * HV), *descs, dht, dh0, float(scale),
                   T, H=H, HV=HV, K=K, V=V, USE_FINAL_STATE_GRAD=dht is not None,
-                  STORE_INITIAL_STATE_GRAD=dh0 is not None, STAGES=STAGES, num_warps=4,
+                  STORE_INITIAL_STATE_GRAD=dh0 is not None, STAGES=STAGES, CHAIN_T=chain_t,
+                  num_warps=4,
                   maxnreg=MAXNREG)
     if dh0 is not None and dh0.dtype != initial_state.dtype:
         dh0 = dh0.to(initial_state.dtype)

@@ -31,8 +31,8 @@ def test_backward_stage_timing_composes_every_kernel(monkeypatch):
     from gdn_fused.eval import bench
     monkeypatch.setattr(triton.testing, "do_bench", lambda fn, return_mode=None: (fn(), 1.0)[1])
     row = bench.bench_bwd_stages(1, 64, device="cpu", dtype=torch.float16)
-    # (11 kernels: the Gluon dq/dk/dw/dg kernel's row only where it runs)
-    assert len(row) == 11 + len(bench.BWD_VARIANTS), sorted(row)
+    # (12 kernels, the recompute in both forms: the Gluon kernels' rows only where they run)
+    assert len(row) == 12 + len(bench.BWD_VARIANTS), sorted(row)
 
 
 def test_outputs_table_csv_and_plot(tmp_path):

@@ -44,8 +44,24 @@ def reverse_fp64(q, k, w, G, do, dv_local, scale, dht, C=64):
     return dh.view(B * NT, HV, K, V), dv2, dH
 
 
-def inputs(B, T, H, HV, gate, with_dht, with_h0):
-    """q, k, w (the backward's recomputed W), g, G, gate rows, dO, dV'_local, dht, h0."""
+def w_fp64(k, Ai, G, beta, C=64):
+    """W = T diag(β e^G) K [B, T, HV, K] per chunk in fp64 from the (rounded) T, k, β and G:
+    what the chain form (T in W's place) applies without forming it."""
+    B, T, H, K = k.shape
+    HV = Ai.shape[2]
+    kk = k.double().repeat_interleave(HV // H, dim=2)
+    w = torch.empty(B, T, HV, K, dtype=torch.float64, device=k.device)
+    for c in range(-(-T // C)):
+        t = slice(c * C, min(T, (c + 1) * C))
+        n = t.stop - t.start
+        d = beta[:, t].double() * G[:, t].double().exp()          # [B, n, HV]
+        w[:, t] = torch.einsum("bihj,bjh,bjhk->bihk", Ai[:, t, :, :n].double(), d, kk[:, t])
+    return w
+
+
+def inputs(B, T, H, HV, gate, with_dht, with_h0, chain_t=False):
+    """q, k, w (the backward's recomputed W), g, G, gate rows, dO, dV'_local, dht, h0; with
+    ``chain_t`` w is T, the rows are (G, β) pairs, and W in fp64 and β come last."""
     from gdn_fused.kernels.chunk_bwd_dv import chunk_bwd_dv_local
     from gdn_fused.kernels.chunk_gate import chunk_cumsum
     from gdn_fused.kernels.kkt_solve import chunk_inverse
@@ -55,33 +71,39 @@ def inputs(B, T, H, HV, gate, with_dht, with_h0):
     gen = torch.Generator().manual_seed(6)
     do = torch.randn(v.shape, generator=gen).to("cuda", torch.bfloat16)
     dht = torch.randn(B, HV, 128, 128, generator=gen).to("cuda") if with_dht else None
-    G, rows = chunk_cumsum(g, 64, gate_rows=[])
+    G, rows = chunk_cumsum(g, 64, gate_rows=[beta] if chain_t else [])
     Ai = chunk_inverse(k, G, beta, HV, 64, torch.bfloat16)
-    w, _ = recompute_w_u(k, v, G, beta, Ai, dot_precision="tf32")
     dv_local = chunk_bwd_dv_local(q, k, g, do, 128 ** -0.5, 64, dot_precision="tf32")
-    return q, k, w, g, G, rows, do, dv_local, dht, h0
+    if chain_t:
+        return q, k, Ai, g, G, rows, do, dv_local, dht, h0, w_fp64(k, Ai, G, beta), beta
+    w, _ = recompute_w_u(k, v, G, beta, Ai, dot_precision="tf32")
+    return q, k, w, g, G, rows, do, dv_local, dht, h0, w, None
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("chain_t", [False, True], ids=["w", "t_for_w"])
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_matches_fp64_and_chunk_bwd_state(case):
+def test_matches_fp64_and_chunk_bwd_state(case, chain_t):
     """dh, dv2 (bf16) and dh0 (fp32) within 1.25× chunk_bwd_state's error against the fp64
-    recurrence (plus 1e-4) and under 1e-2; the same bits run to run."""
+    recurrence (plus 1e-4) and under 1e-2; the same bits run to run. Both read W, or both T
+    in its place (``chain_t``: Wᵀ dV' as Kᵀ diag(β e^G) (Tᵀ dV'), the fp64 recurrence on
+    W = T diag(β e^G) K formed in fp64)."""
     from gdn_fused.kernels.chunk_bwd_state import chunk_bwd_state
     from gdn_fused.kernels.gluon_bwd_state import chunk_bwd_state_t
     from gdn_fused.kernels.materialized import gluon_tiles_apply
     _, B, T, H, HV, gate, with_dht, with_h0 = case
-    q, k, w, g, G, rows, do, dv_local, dht, h0 = inputs(B, T, H, HV, gate, with_dht, with_h0)
+    q, k, w, g, G, rows, do, dv_local, dht, h0, w_ref, beta = inputs(
+        B, T, H, HV, gate, with_dht, with_h0, chain_t)
     assert gluon_tiles_apply(q, do, 64, None)
     scale = 128 ** -0.5
-    ref = reverse_fp64(q, k, w, G, do, dv_local, scale, dht)
+    ref = reverse_fp64(q, k, w_ref, G, do, dv_local, scale, dht)
     tri = chunk_bwd_state(q, k, w, g, do, dv_local, scale, dht, h0, 64, B,
-                          dot_precision="tf32")
-    got = chunk_bwd_state_t(q, k, w, rows, do, dv_local, scale, dht, h0)
+                          dot_precision="tf32", beta=beta)
+    got = chunk_bwd_state_t(q, k, w, rows, do, dv_local, scale, dht, h0, chain_t=chain_t)
     names = ("dh", "dv2", "dh0")
     err_t = {n: rel_err(x, r) for n, x, r in zip(names, tri, ref) if x is not None}
     err_g = {n: rel_err(x, r) for n, x, r in zip(names, got, ref) if x is not None}
-    print(f"bwd state {case[0]} vs fp64: triton " + " ".join(f"{n} {e:.1e}" for n, e in
+    print(f"bwd state {case[0]} {'T' if chain_t else 'W'} vs fp64: triton " + " ".join(f"{n} {e:.1e}" for n, e in
                                                             err_t.items())
           + " | gluon " + " ".join(f"{n} {e:.1e}" for n, e in err_g.items())
           + f" | gluon vs triton dh {rel_err(got[0], tri[0]):.1e}")
@@ -90,7 +112,7 @@ def test_matches_fp64_and_chunk_bwd_state(case):
     assert got[0].dtype == k.dtype and got[1].dtype == do.dtype
     for n in err_g:
         assert err_g[n] <= 1.25 * err_t[n] + 1e-4 and err_g[n] <= 1e-2, (n, err_g, err_t)
-    again = chunk_bwd_state_t(q, k, w, rows, do, dv_local, scale, dht, h0)
+    again = chunk_bwd_state_t(q, k, w, rows, do, dv_local, scale, dht, h0, chain_t=chain_t)
     assert all(torch.equal(a, b) for a, b in zip(again, got) if a is not None)
 
 
@@ -188,3 +210,8 @@ def test_bad_operands_raise_before_launch():
                             ("dht", torch.zeros(B, HV, 128, 64), "dht must have shape")):
         with pytest.raises(ValueError, match=match):
             chunk_bwd_state_t(**dict(args, **{arg: bad}))
+    # with T in W's place: W's shape, and one gate row a head where (G, β) pairs are expected
+    with pytest.raises(ValueError, match="Ai must have shape"):
+        chunk_bwd_state_t(**args, chain_t=True)
+    with pytest.raises(ValueError, match="gate_rows must have shape"):
+        chunk_bwd_state_t(**dict(args, w=torch.zeros(B, T, HV, 64, **bf)), chain_t=True)
