@@ -43,6 +43,7 @@ from gdn_fused.kernels.kkt import dot_precision
 from gdn_fused.kernels.kkt_solve import chunk_inverse, default_inverse_dtype
 from gdn_fused.kernels.materialized import (contiguous, gluon_tiles_apply,
                                             uses_state_output_kernel)
+from gdn_fused.kernels.streams import side_by_side
 from gdn_fused.kernels.wu import recompute_w_u
 from gdn_fused.kernels.wu_bwd import wu_bwd
 
@@ -162,40 +163,6 @@ def overlaps_recompute(gluon_reverse, q, v):
     from gdn_fused.kernels.gluon_bwd_state import BV
     programs = v.shape[0] * v.shape[2] * triton.cdiv(v.shape[3], BV)
     return 2 * programs <= sm_count(q.device)
-
-
-# one high-priority stream a device for side_by_side's first task: its programs are placed
-# first when both launches wait for SMs (a lower number is a higher priority in CUDA)
-_side_streams = {}
-
-
-def side_by_side(first, second, device):
-    """(first(), second()) with ``first``'s launches on a high-priority side stream and
-    ``second``'s on the current one, joined before returning, also when one raises
-    (CUDA-graph capturable: the fork and join are stream waits).
-
-    ``first``'s inputs must stay referenced until the return (the caller's frame holds them).
-    Its tensor results, allocated from the side stream's pool, are marked as used on the
-    current stream (``record_stream``), so the caching allocator does not hand their memory to
-    later side-stream work while current-stream kernels may still read it; that memory stays
-    cached for the side stream (at (1, 32768) the reverse pass's dh and dv2, 768 MiB, reused by
-    the next backward's)."""
-    current = torch.cuda.current_stream(device)
-    side = _side_streams.get(device)
-    if side is None:
-        # a priority past the device's range maps to its highest (torch.cuda.Stream)
-        side = _side_streams[device] = torch.cuda.Stream(device, priority=-1 << 10)
-    side.wait_stream(current)
-    try:
-        with torch.cuda.stream(side):
-            a = first()
-        b = second()
-    finally:
-        current.wait_stream(side)
-    for x in a if isinstance(a, (tuple, list)) else (a,):
-        if isinstance(x, torch.Tensor):
-            x.record_stream(current)
-    return a, b
 
 
 def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens,

@@ -78,6 +78,10 @@ PRECOMPUTE_INVERSE = True
 # loop, docs/fused_design.md). GDN_FUSED_WARP_SPECIALIZED=0 turns the route off (A/B timing).
 WARP_SPECIALIZED = os.environ.get("GDN_FUSED_WARP_SPECIALIZED", "1") != "0"
 IEEE = tl.constexpr("ieee")  # exact for fp32 operands; 16-bit operands use tensor cores anyway
+# Where forward_t runs segment 0's state pass alone first (two segments at B = 1: 64 programs
+# at HV = 32 for 132 SMs), the inverse of segment 1's chunks runs beside it instead of before
+# it (session 19). GDN_SPLIT_INVERSE=0: the whole inverse first (A/B timing)
+SPLIT_INVERSE = os.environ.get("GDN_SPLIT_INVERSE", "1") != "0"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -490,17 +494,37 @@ def _warp_specialized_fwd(q, k, v, g, beta, scale, initial_state, output_final_s
     (o, final state or an empty tensor, T, checkpoints or an empty tensor): with
     ``for_backward``, the states the backward's recompute starts its segments from
     (chunk_state.new_checkpoints; none where B·HV fills the GPU)."""
-    from gdn_fused.kernels.gluon_transposed import forward_t
+    from gdn_fused.kernels.gluon_transposed import forward_t, segment0_chunks
     from gdn_fused.kernels.kkt_solve import default_inverse_dtype
     from gdn_fused.kernels.materialized import gates_and_inverse
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
-    G, Ai, rows = gates_and_inverse(k, g, beta, v.shape[2], chunk_size,
-                                    default_inverse_dtype(q.dtype), {}, gate_rows=[beta])  # dense
     B, T, HV, V = v.shape
+    rest = None
+    cut = segment0_chunks(B, T, HV, q.device) * chunk_size if SPLIT_INVERSE and B == 1 else 0
+    if cut:
+        # segment 0's T first; segment 1's beside segment 0's state pass alone (forward_t),
+        # on the SMs its programs leave idle. B = 1: a segment's rows are a contiguous slice
+        from gdn_fused.kernels.chunk_gate import chunk_cumsum
+        from gdn_fused.kernels.gluon_kkt_solve import kkt_solve_from_k_gluon
+        G, rows = chunk_cumsum(g, chunk_size, gate_rows=[beta])
+        Ai = torch.empty(B, T, HV, chunk_size, dtype=default_inverse_dtype(q.dtype),
+                         device=q.device)
+
+        def inverse(a, b):
+            kkt_solve_from_k_gluon(k[:, a:b], G[:, a:b], beta[:, a:b], HV, Ai.dtype,
+                                   out=Ai[:, a:b])
+        inverse(0, cut)
+
+        def rest():
+            inverse(cut, T)
+    else:
+        G, Ai, rows = gates_and_inverse(k, g, beta, HV, chunk_size,
+                                        default_inverse_dtype(q.dtype), {},
+                                        gate_rows=[beta])  # dense
     checkpoints = new_checkpoints(B, T, HV, q.shape[3], V, chunk_size, q.device) \
         if for_backward else None
     o, ht = forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state,
-                      gate_rows=rows, checkpoints=checkpoints)
+                      gate_rows=rows, checkpoints=checkpoints, beside_seg0_end=rest)
     empty = o.new_empty(0, dtype=torch.float32)
     return (o, ht if ht is not None else empty, Ai,
             checkpoints if checkpoints is not None else empty)

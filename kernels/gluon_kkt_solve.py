@@ -522,7 +522,7 @@ def _key_layouts(K):
 
 def kkt_solve_from_k_gluon(k, G, beta, num_value_heads, output_dtype=torch.float32,
                            cu_seqlens=None, chunk_indices=None, num_chunks=None, maxnreg=None,
-                           shared_keys=None, staged_gates=None, swizzled=None):
+                           shared_keys=None, staged_gates=None, swizzled=None, out=None):
     """T = (I + strictLower(diag(β)(Γ ⊙ K Kᵀ)))⁻¹ per chunk of 64 on a CUDA GPU (sm_80 or
     later), A formed on chip and never written: k [B, T, H, K] fp16/bf16 with K a power of two
     in [16, 256], G [B, T, HV] chunk-cumulated (fp64 from chunk_cumsum), beta [B, T, HV]; returns
@@ -534,7 +534,9 @@ def kkt_solve_from_k_gluon(k, G, beta, num_value_heads, output_dtype=torch.float
     (None: :data:`SHARED_KEYS`; the same bits either way, measured on the H200);
     staged_gates: G and β staged in shared memory once a chunk (None: :data:`STAGED_GATES`;
     the same values either way); swizzled: A's staged blocks swizzled (None:
-    :data:`SWIZZLED_A`; the same values either way)."""
+    :data:`SWIZZLED_A`; the same values either way); out: a contiguous [B, T, HV, 64] tensor
+    of ``output_dtype`` to write T into (a view of a longer sequence's T: the fused forward
+    solves its two segments' chunks in two launches), or None for a new one."""
     B, T, H, K = k.shape
     if k.dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"kkt_solve_from_k_gluon: k must be fp16 or bf16, got {k.dtype}")
@@ -542,7 +544,13 @@ def kkt_solve_from_k_gluon(k, G, beta, num_value_heads, output_dtype=torch.float
         raise ValueError(f"kkt_solve_from_k_gluon: K must be a power of two in [16, 256], "
                          f"got {K}")
     HV = num_value_heads
-    Ai = torch.empty(B, T, HV, CHUNK, dtype=output_dtype, device=k.device)
+    if out is not None and (tuple(out.shape) != (B, T, HV, CHUNK) or out.dtype != output_dtype
+                            or not out.is_contiguous() or out.device != k.device):
+        raise ValueError(f"kkt_solve_from_k_gluon: out must be a contiguous {output_dtype} "
+                         f"{(B, T, HV, CHUNK)} on {k.device}, got {out.dtype} "
+                         f"{tuple(out.shape)} on {out.device}")
+    Ai = out if out is not None else torch.empty(B, T, HV, CHUNK, dtype=output_dtype,
+                                                 device=k.device)
     NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, CHUNK)
     KA, keys, keys_smem = _key_layouts(K)
     heads = 2 if (shared_keys if shared_keys is not None else SHARED_KEYS) \

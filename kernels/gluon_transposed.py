@@ -129,6 +129,7 @@ from gdn_fused.kernels.gluon_ring import (LOAD_REGS, LOAD_WARPS, accumulator_lay
 from gdn_fused.kernels.chunk_index import sm_count
 from gdn_fused.kernels.chunk_state import SEGMENT_CHUNKS, checkpoint_slabs
 from gdn_fused.kernels.gluon_wu import _sum
+from gdn_fused.kernels import streams
 
 CHUNK = 64
 HEAD_DIM = 128
@@ -739,6 +740,15 @@ def num_segments(num_seq_heads, num_chunks, sms):
     return 2 if fits and num_chunks >= MIN_CHUNKS_TO_SPLIT else 1
 
 
+def segment0_chunks(B, T, HV, device, segments=None):
+    """Chunks of segment 0 where forward_t (``segments`` as its argument) runs segment 0's
+    state pass alone before the main launch (two segments and SEGMENT0_FROM_H0), else 0: the
+    chunks whose T that pass reads."""
+    NT = triton.cdiv(T, CHUNK)
+    NS = min(segments or num_segments(B * HV, NT, sm_count(device)), NT)
+    return triton.cdiv(NT, 2) if NS == 2 and SEGMENT0_FROM_H0 else 0
+
+
 def compose_segment_states(maps, h0, B, HV):
     """The state entering each segment: h_init[0] = h0 (or 0), h_init[s] = M_{s−1} h_init[s−1]
     + b_{s−1} with maps[s] = [M_s | b_s] ([NS − 1, B, HV, K, K + V] fp32). Composed in fp64
@@ -831,12 +841,15 @@ def _gate_rows(rows, B, T, HV):
 
 def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_final_state,
             output, num_stages, segments, wu, h=None, output_groups=1, variant=None,
-            checkpoints=None, t_on_chain=False):
+            checkpoints=None, t_on_chain=False, beside_seg0_end=None):
     """Descriptors, then (when split) the map launch and the composition, then the main
     launch; w_tiles / u_tiles: W and U, or with ``wu`` T and v (V' then formed by the W/U
     warpgroup, or with ``t_on_chain`` by the chain); with ``h`` (STORE_H) the main launch
     stores h_c into it and V' into the returned "o"; with ``checkpoints`` the chain stores
-    the states entering every SEGMENT_CHUNKS-th chunk there."""
+    the states entering every SEGMENT_CHUNKS-th chunk there. ``beside_seg0_end``: a
+    callable completing w_tiles past segment 0 (forward_t), run on the current stream
+    beside segment 0's state pass (high-priority side stream) where there is one
+    (:func:`segment0_chunks`), else first."""
     B, T, H, K = q.shape
     HV, V = u_tiles.shape[2], u_tiles.shape[3]
     q, k, w_tiles, u_tiles = (x.contiguous() for x in (q, k, w_tiles, u_tiles))
@@ -859,6 +872,8 @@ def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_fina
     consts = dict(H=H, HV=HV, K=K, V=V, NS=NS, STAGES=num_stages, num_warps=4,
                   WU=wu and not chain_t, CHAIN_T=chain_t)
     cap = MAXNREG_WU if wu and not chain_t else MAXNREG
+    if beside_seg0_end is not None and not (NS == 2 and SEGMENT0_FROM_H0):
+        beside_seg0_end()
     if NS == 2 and SEGMENT0_FROM_H0:
         # the state entering segment 1: the state pass alone over segment 0 from h0 (V
         # columns), the bits the unsplit pass carries there (slab 0 holds h0 or zeros)
@@ -867,9 +882,18 @@ def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_fina
             h_in[0].copy_(h0)
         else:
             h_in[0].zero_()
-        direct.launch(chunk_state_output_t_kernel, (V // BV, B * HV, 1), *descs, o, h_in, h_in,
-                      float(scale), T, USE_INITIAL_STATE=True, STORE_FINAL_STATE=False,
-                      OUTPUT=False, MAP=False, SEG0_END=True, maxnreg=cap, **consts)
+
+        def seg0_end():
+            direct.launch(chunk_state_output_t_kernel, (V // BV, B * HV, 1), *descs, o, h_in,
+                          h_in, float(scale), T, USE_INITIAL_STATE=True,
+                          STORE_FINAL_STATE=False, OUTPUT=False, MAP=False, SEG0_END=True,
+                          maxnreg=cap, **consts)
+        if beside_seg0_end is None:
+            seg0_end()
+        else:
+            # its B·HV·V / BV programs leave SMs idle (num_segments): what completes the
+            # later segment's tiles fills them
+            streams.side_by_side(seg0_end, beside_seg0_end, q.device)
         h0 = h_in
     elif NS > 1:
         # the maps [M | b] of segments 0 … NS − 2 (the only HBM besides o and the state)
@@ -946,7 +970,8 @@ def chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state
 
 
 def forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state, segments=None,
-              gate_rows=None, variant=None, checkpoints=None, t_on_chain=None):
+              gate_rows=None, variant=None, checkpoints=None, t_on_chain=None,
+              beside_seg0_end=None):
     """The forward after the inverse in one kernel, the fused backend's forward on Hopper
     (kernels/fused_fwd.py; timings and precision in the module docstring): W and U are not
     read from recompute_w_u; the chain forms V' from T, v and k (``CHAIN_T``, the default) or
@@ -958,7 +983,10 @@ def forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state, se
     chunk_cumsum(..., gate_rows=[beta]) writes them, or None to lay them out here;
     checkpoints: as :func:`chunk_state_output_t`'s; t_on_chain: V' formed by the chain
     from T and v with two output warpgroups (``CHAIN_T``) instead of W and U by a fourth
-    warpgroup (None: ``T_ON_CHAIN``); the rest (variant too: launch variants such as
+    warpgroup (None: ``T_ON_CHAIN``); beside_seg0_end: None, or a callable that writes Ai's
+    rows past :func:`segment0_chunks`' chunks (the caller filled those before): run beside
+    segment 0's state pass alone, which reads only segment 0's T, on the SMs it leaves idle
+    (first where there is no such pass); the rest (variant too: launch variants such as
     P_ON_WU, of the W/U form) as :func:`chunk_state_output_t`.
     Returns (o [B, T, HV, 128] bf16, final state fp32 or None); raises ValueError as
     chunk_state_output_t does (naming v and Ai), for checkpoints of another shape and for
@@ -978,7 +1006,8 @@ def forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state, se
     return _launch(q, k, Ai, v, gate_rows, scale, initial_state,
                    output_final_state, True, NUM_STAGES, segments, True, variant=variant,
                    checkpoints=checkpoints, t_on_chain=t_on_chain,
-                   output_groups=OUTPUT_GROUPS if t_on_chain else 1)
+                   output_groups=OUTPUT_GROUPS if t_on_chain else 1,
+                   beside_seg0_end=beside_seg0_end)
 
 
 def chunk_state_t(k, w, u, G, initial_state, output_final_state, segments=1, store_groups=2):

@@ -544,6 +544,43 @@ def test_fused_gpu_route_cuda_graph():
 
 
 @pytest.mark.gpu
+def test_fused_gpu_split_inverse_same_bits_and_capturable(monkeypatch):
+    """Two segments at B = 1 (512 chunks, HV = 4): segment 1's inverse beside segment 0's
+    state pass alone (fused_fwd.SPLIT_INVERSE) gives the bits of the whole inverse first for
+    o, the final state, T and the checkpoints, and replays from a CUDA graph on new data."""
+    from gdn_fused.kernels import fused_fwd as module
+    from gdn_fused.kernels import streams
+    from gdn_fused.kernels.gluon_transposed import segment0_chunks
+    bufs = make_inputs(1, 512 * 64, 2, 4, 128, 128, torch.bfloat16, initial_state=True,
+                       device="cuda", seed=1)
+    assert segment0_chunks(1, 512 * 64, 4, bufs[0].device) == 256
+    forks = []
+    real = streams.side_by_side
+    monkeypatch.setattr(streams, "side_by_side", lambda *a: forks.append(1) or real(*a))
+
+    def step():
+        return fused_fwd(*bufs[:5], 128 ** -0.5, bufs[5], True, None, 64, for_backward=True)
+    monkeypatch.setattr(module, "SPLIT_INVERSE", False)
+    whole = step()
+    assert not forks
+    monkeypatch.setattr(module, "SPLIT_INVERSE", True)
+    split = step()
+    assert forks
+    for a, b in zip(split, whole):
+        assert torch.equal(a, b)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    for buf, new in zip(bufs, make_inputs(1, 512 * 64, 2, 4, 128, 128, torch.bfloat16,
+                                          initial_state=True, device="cuda", seed=2)):
+        buf.copy_(new)
+    graph.replay()
+    for a, b in zip(captured, step()):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
 def test_fused_gpu_anchor_shapes_errors():
     """Issue 4's error bounds at the benchmark's shapes and inputs (eval.bench.make_inputs):
     the fused backend (the route where it applies) and materialized against the fp64
