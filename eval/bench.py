@@ -114,6 +114,7 @@ def bench_forward(shapes, bandwidth, fla_chunk, backward, backward_graph=False):
     import triton
     from gdn_fused import chunk_gated_delta_rule
     from gdn_fused.kernels import chunk_bwd, fused_fwd
+    from gdn_fused.kernels.chunk_index import sm_count
     from gdn_fused.kernels.materialized import uses_state_output_kernel
     from gdn_fused.ops import resolve_backend
     gluon = _gluon_kernel("gluon_forward", "gluon_forward", "GDN_BENCH_SKIP_GLUON_FORWARD")
@@ -128,11 +129,29 @@ def bench_forward(shapes, bandwidth, fla_chunk, backward, backward_graph=False):
 
         def forward_ms(backend):
             return triton.testing.do_bench(call(backend), return_mode="median")
+        if fused_fwd.uses_warp_specialized(q, v, CHUNK, None):
+            from gdn_fused.kernels import gluon_transposed
         for name in ("fused", "materialized"):
             if name == "fused" and resolve_backend("fused", q, v, CHUNK) != "fused":
                 continue
             row[f"{name}_ms"] = forward_ms(name)
             row[f"{name}_graph_ms"] = graph_ms(call(name))
+            if name == "fused" and fused_fwd.uses_warp_specialized(q, v, CHUNK, None) and \
+                    gluon_transposed.num_segments(B * v.shape[2], 10 ** 9,
+                                                  sm_count(q.device)) == 2:
+                # A/B in the same run where B·HV admits two segments: never split and always
+                # split (gluon_transposed.MIN_CHUNKS_TO_SPLIT), against the default
+                before = (gluon_transposed.MIN_CHUNKS_TO_SPLIT,
+                          gluon_transposed.MIN_CHUNKS_TO_SPLIT_CAPTURED)
+                for label, threshold in (("unsplit", 10 ** 9), ("split", 1)):
+                    (gluon_transposed.MIN_CHUNKS_TO_SPLIT,
+                     gluon_transposed.MIN_CHUNKS_TO_SPLIT_CAPTURED) = threshold, threshold
+                    try:
+                        row[f"fused_{label}_ms"] = forward_ms(name)
+                        row[f"fused_{label}_graph_ms"] = graph_ms(call(name))
+                    finally:
+                        (gluon_transposed.MIN_CHUNKS_TO_SPLIT,
+                         gluon_transposed.MIN_CHUNKS_TO_SPLIT_CAPTURED) = before
             if name == "fused" and splits_inverse(q, v):
                 # A/B in the same run: the whole inverse before forward_t instead of segment
                 # 1's beside segment 0's state pass (kernels/fused_fwd.py, SPLIT_INVERSE)

@@ -721,23 +721,39 @@ WU_GATE_LAYOUT = gl.NVMMASharedLayout.get_default_for(WU_GATE_BLOCK, gl.float64)
 
 # Chunks a sequence needs before it is cut in two. H200, B = 1, HV = 32 (eval logs
 # bench_split_2026-11-30_s6): 512 chunks 869 → 777 µs with two segments; 128 chunks 226 →
-# 390 µs (the map launch, the composition's launches and the second launch's host time cost
-# more than half the steps save)
-MIN_CHUNKS_TO_SPLIT = 512
+# 390 µs with the maps (the map launch, the composition's launches and the second launch's
+# host time cost more than half the steps save). Since session 18 two segments need no maps
+# (SEG0_END), and since session 19 segment 1's inverse runs beside segment 0's state pass
+# (fused_fwd.SPLIT_INVERSE). Session 19, the fused forward (bench_split_threshold_ and
+# host_time_split_2026-12-01_s19): at 128 chunks ((1, 8192)) split 262 µs against 312 as a
+# CUDA-graph replay, but eager 525 against 315: the split call's five launches cost the host
+# ~0.5 ms; at 256 chunks ((1, 16384)) split 499 against 603 (graph) and 524 against 606 eager.
+# So 256 chunks for eager calls, and 128 while a CUDA graph is captured (its replays have no
+# host time).
+MIN_CHUNKS_TO_SPLIT = 256
+MIN_CHUNKS_TO_SPLIT_CAPTURED = 128
 # Two segments: the state entering segment 1 from the state pass alone over segment 0 from h0
 # (SEG0_END: V columns, the unsplit bits, no composition) instead of [M | b] from [I | 0]
 # and the fp64 composition (session 18; False: the maps, for A/B timing)
 SEGMENT0_FROM_H0 = True
 
 
-def num_segments(num_seq_heads, num_chunks, sms):
+def min_chunks_to_split(device):
+    """MIN_CHUNKS_TO_SPLIT, or MIN_CHUNKS_TO_SPLIT_CAPTURED while a CUDA graph is being
+    captured on the current stream of ``device`` (the split costs the host, not a replay)."""
+    captured = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    return MIN_CHUNKS_TO_SPLIT_CAPTURED if captured else MIN_CHUNKS_TO_SPLIT
+
+
+def num_segments(num_seq_heads, num_chunks, sms, min_chunks=None):
     """Segments a sequence is cut into (1 or 2): 2 when the main pass over two segments fits
-    one wave of programs (one an SM: their shared memory), for sequences of
-    MIN_CHUNKS_TO_SPLIT chunks or more. At B·HV = 32 that is 128 programs for 132 SMs; a third
-    segment would need a second wave of maps ([M | b], (K + V) / BV programs a head and
-    segment)."""
+    one wave of programs (one an SM: their shared memory), for sequences of ``min_chunks``
+    chunks or more (None: MIN_CHUNKS_TO_SPLIT; callers pass :func:`min_chunks_to_split`). At
+    B·HV = 32 that is 128 programs for 132 SMs; a third segment would need a second wave of
+    maps ([M | b], (K + V) / BV programs a head and segment)."""
     fits = num_seq_heads * (2 * HEAD_DIM // BV) <= sms
-    return 2 if fits and num_chunks >= MIN_CHUNKS_TO_SPLIT else 1
+    min_chunks = MIN_CHUNKS_TO_SPLIT if min_chunks is None else min_chunks
+    return 2 if fits and num_chunks >= min_chunks else 1
 
 
 def segment0_chunks(B, T, HV, device, segments=None):
@@ -745,7 +761,8 @@ def segment0_chunks(B, T, HV, device, segments=None):
     state pass alone before the main launch (two segments and SEGMENT0_FROM_H0), else 0: the
     chunks whose T that pass reads."""
     NT = triton.cdiv(T, CHUNK)
-    NS = min(segments or num_segments(B * HV, NT, sm_count(device)), NT)
+    NS = min(segments or num_segments(B * HV, NT, sm_count(device),
+                                      min_chunks_to_split(device)), NT)
     return triton.cdiv(NT, 2) if NS == 2 and SEGMENT0_FROM_H0 else 0
 
 
@@ -867,7 +884,8 @@ def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_fina
     gate_block, gate_layout = ((WU_GATE_BLOCK, WU_GATE_LAYOUT) if wu else
                                (DESCRIPTOR_BLOCKS["g"], GATE_LAYOUT))
     descs.append(TensorDescriptor.from_tensor(gate_rows, gate_block, gate_layout))
-    NS = min(segments or num_segments(B * HV, NT, sm_count(q.device)), NT)
+    NS = min(segments or num_segments(B * HV, NT, sm_count(q.device),
+                                      min_chunks_to_split(q.device)), NT)
     chain_t = wu and t_on_chain
     consts = dict(H=H, HV=HV, K=K, V=V, NS=NS, STAGES=num_stages, num_warps=4,
                   WU=wu and not chain_t, CHAIN_T=chain_t)

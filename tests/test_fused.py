@@ -523,18 +523,27 @@ def test_fused_gpu_routes(gate):
 
 
 @pytest.mark.gpu
-def test_fused_gpu_route_cuda_graph():
-    """The warp-specialized route captured once and replayed on new data: the eager bits."""
+def test_fused_gpu_route_cuda_graph(monkeypatch):
+    """The warp-specialized route captured once and replayed on new data: the eager bits. At
+    128 chunks and B·HV = 32 the captured call runs two segments (segment 1's inverse beside
+    segment 0's state pass: a fork) and the eager one does not
+    (gluon_transposed.min_chunks_to_split), so this is also split against unsplit."""
+    from gdn_fused.kernels import streams
+    forks = []
+    real = streams.side_by_side
+    monkeypatch.setattr(streams, "side_by_side", lambda *a: forks.append(1) or real(*a))
     bufs = make_inputs(1, 8192, 16, 32, 128, 128, torch.bfloat16, initial_state=True,
                        device="cuda", seed=1)
 
     def step():
         return fused_fwd(*bufs[:5], 128 ** -0.5, bufs[5], True, None, 64)
     step()
+    assert not forks
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         o_g, ht_g = step()
+    assert len(forks) == 1
     for buf, new in zip(bufs, make_inputs(1, 8192, 16, 32, 128, 128, torch.bfloat16,
                                           initial_state=True, device="cuda", seed=2)):
         buf.copy_(new)

@@ -181,7 +181,10 @@ def test_num_segments():
     # a Qwen3-Next layer at B = 1 (32 value heads): 2 segments; at B = 2 or short: 1
     assert gluon_transposed.num_segments(32, 512, 132) == 2
     assert gluon_transposed.num_segments(64, 512, 132) == 1
-    assert gluon_transposed.num_segments(32, 128, 132) == 1  # measured slower split
+    assert gluon_transposed.num_segments(32, 256, 132) == 2
+    assert gluon_transposed.num_segments(32, 255, 132) == 1  # eager: the host binds
+    assert gluon_transposed.num_segments(32, 128, 132, 128) == 2  # as captured in a graph
+    assert gluon_transposed.min_chunks_to_split(torch.device("cpu")) == 256
 
 
 def test_segments_must_be_a_positive_int(monkeypatch):
