@@ -3,27 +3,32 @@
 Nothing from the forward is needed but its inputs (q, k, v, g, beta, initial_state,
 cu_seqlens) and, optionally, its T (the autograd Function passes the materialized forward's,
 and the fused backend's Hopper route's: gdn_fused/autograd.py). The backward first recomputes
-the forward's other intermediates with the materialized forward kernels (G, T, W, U, the
-per-chunk states h and v_new — one cumsum, one KKᵀ+inverse, one W/U and one state pass;
-everything but the output kernel), then runs four kernels:
+the forward's other intermediates with the materialized forward kernels (G, T, the per-chunk
+states h and v_new — one cumsum, one KKᵀ+inverse unless T is given, one state pass;
+everything but the output kernel). The state pass runs in the chain form of the fused
+forward (:data:`CHAIN_T`): V' = T diag(β) (V − diag(e^G) K h) from T and v, so W and U are
+never formed, and the reverse pass below applies Wᵀ dV' as Kᵀ diag(β e^G) (Tᵀ dV'). Then it
+runs four kernels:
 
     dV'_local           = chunk_bwd_dv_local   (parallel over chunks)   kernels/chunk_bwd_dv.py
     dh, dV' (dv2), dh0  = chunk_bwd_state      (reverse over chunks)    kernels/chunk_bwd_state.py
     dQ, dK, dW, dg      = chunk_bwd_dqkwg      (parallel)               kernels/chunk_bwd_dqkwg.py
-    dK, dV, dβ, dg      = wu_bwd               (parallel; through W, U, T, A, and the reverse
-                                                cumsum to per-token dg)  kernels/wu_bwd.py
+    dK, dV, dβ, dg      = wu_bwd               (parallel; through W = T diag(β e^G) K,
+                                                U = T diag(β) V, T, A, and the reverse cumsum
+                                                to per-token dg)         kernels/wu_bwd.py
 
 (on Hopper, where they apply, the last three as warp-specialized Gluon kernels:
 kernels/gluon_bwd_state.py, kernels/gluon_dqkwg.py, kernels/gluon_wu_bwd.py), then sums dQ
 and dK over the value heads that share a q/k head (GVA, kernels/group_sum.py; the Gluon
 wu_bwd sums dK itself). Where the Gluon reverse pass leaves half the SMs idle (B·HV ≤ 33 on
-the H200) it runs on a side stream beside the recompute of h and v_new (:func:`side_by_side`).
+the H200) it runs on a side stream beside the recompute of h and v_new
+(kernels/streams.py, side_by_side).
 Derivation and the precision of every intermediate: docs/backward.md.
 
 Why recompute rather than save: h is K·V per chunk and value head (32 KB in bf16 at K = V = 128,
-half a KB per token-head at C = 64) and W, U are K + V values per token-head; recomputing them
-costs one pass of the cheap forward kernels, and the fused forward never materializes them at
-all, so one backward serves both Triton backends. T is the exception when the forward has it
+half a KB per token-head at C = 64); recomputing it costs one state pass (checkpointed:
+segments side by side from the forward's stored states), and the fused forward never
+materializes it, so one backward serves both Triton backends. T is the exception when the forward has it
 (C values per token-head, 128 B in bf16): its recompute is a latency-bound solve (250 µs at
 B = 1, T = 32768 on the H200), as fla's backward reads its forward's A.
 """

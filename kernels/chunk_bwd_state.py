@@ -12,7 +12,9 @@ the chain rule gives, in reverse chunk order,
     dV'_c   = dV'_local,c + diag(e^{G_C − G}) K dh_c          (stored: "dv2")
     dh_{c−1} = e^{G_C} dh_c + scale Qᵀ diag(e^G) dO_c − W_cᵀ dV'_c
 
-and ∂L/∂h0 is the gradient leaving the recurrence. Every exponent is ≤ 0 (G is a chunk-local
+and ∂L/∂h0 is the gradient leaving the recurrence. With W = T diag(β e^G) K (the chain form,
+CHAIN_T: the backward's default) the last term is computed as Kᵀ (diag(β e^G) (Tᵀ dV'_c)), W
+never formed. Every exponent is ≤ 0 (G is a chunk-local
 cumsum of log-decays ≤ 0), so nothing overflows under strong decay. The state gradient stays in
 fp32 registers; the stored per-chunk dh_c use the dtype of k (like the forward's h).
 """

@@ -20,6 +20,13 @@ block's columns) and its row of G by TMA into a two-stage ring, in reverse chunk
 chain stages dh_c and dV' in shared memory through transposed views and stores them by TMA
 (two staging tiles each, so a store waits only for the one two chunks back).
 
+With T in W's place (``chain_t``, the backward's default since session 19: W is never formed)
+the ring holds T's [C, C] tiles and the (G, β) row pairs, and the last term is
+((dV'ᵀ T) D_{β e^G}) K: one product more on the chain (20 wgmma a step instead of 16; 166 KB
+of shared memory, no spills). H200, (1, 32768), session 19: 893 µs against 814 reading W,
+dh and dV' within 1e-4 of the W form's and as close to fp64 as chunk_bwd_state's chain form
+(tests/test_gluon_bwd_state.py); the backward loses recompute_w_u's 301 µs for it.
+
 Measured (H200, (1, 32768), eval.bench --sweep bwd, session 16): 815 µs against 925 for
 chunk_bwd_state in the same run, 1.59 µs a chunk step (the PTX stages both tiles with
 stmatrix.trans and reads dO and dV'_local with ldmatrix.trans: 867 SASS instructions a step,
