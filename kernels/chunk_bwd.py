@@ -198,9 +198,11 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, initial_state, do, dht, 
     HV = v.shape[2]
     prec = dot_precision(q.dtype)
     N, chunk_offsets, idx = chunk_layout(cu_seqlens, B, chunk_size, cu_seqlens_cpu)
-    # recompute the forward's intermediates with its kernels and T's storage dtype (the same
-    # W, U, h and v_new as a default materialized forward; always the stable blocked inverse,
-    # whatever solve_method the forward ran)
+    # recompute the forward's intermediates with its kernels and T's storage dtype (always the
+    # stable blocked inverse, whatever solve_method the forward ran); h and v_new by the chain
+    # form (CHAIN_T, W and U never formed: fp32 sums and bf16 roundings of their own, within
+    # the state bound of the forward's) or, with GDN_BACKWARD_W_U=1, from W and U as a default
+    # materialized forward computes them
     gate_rows = None
     if uses_gluon_bwd_state(q, do, chunk_size, cu_seqlens):
         G, gate_rows = chunk_cumsum(g, chunk_size, gate_rows=[beta] if CHAIN_T else [], **idx)

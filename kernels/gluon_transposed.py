@@ -63,8 +63,8 @@ value there would reach the previous sequence: the materialized forward routes h
 batches where no chunk straddles two sequences. The gates are repacked as [B·HV, T] rows,
 zero past T.
 
-Sequence splitting (``segments``; by default for sequences of 512+ chunks at small B·HV,
-``num_segments``): the state update is affine in the entering
+Sequence splitting (``segments``; by default for sequences of 256+ chunks at small B·HV,
+128+ while a CUDA graph is captured: ``num_segments``, ``min_chunks_to_split``): the state update is affine in the entering
 state, so a segment of chunks maps S_in ↦ M S_in + b; a first launch runs this kernel's state
 pass alone (``MAP``) over the K + V columns of [M | b] from [I | 0] (M's columns read no
 values) for every segment but the last, ``compose_segment_states`` composes the entering
@@ -740,7 +740,12 @@ SEGMENT0_FROM_H0 = True
 
 def min_chunks_to_split(device):
     """MIN_CHUNKS_TO_SPLIT, or MIN_CHUNKS_TO_SPLIT_CAPTURED while a CUDA graph is being
-    captured on the current stream of ``device`` (the split costs the host, not a replay)."""
+    captured on the current stream (the split costs the host, not a replay; ``device``: the
+    inputs', only whether it is a GPU). Between the two thresholds the capture runs kernels
+    an eager warm-up did not (segment 0's pass, the two-segment launch, the split inverse):
+    Triton compiles and loads them inside the capture, which the H200's CUDA 13 stack allows
+    (tests/test_fused.py, test_fused_gpu_route_cuda_graph, the first GPU test of its
+    process in session 19's runs)."""
     captured = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     return MIN_CHUNKS_TO_SPLIT_CAPTURED if captured else MIN_CHUNKS_TO_SPLIT
 
@@ -957,7 +962,7 @@ def chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state
     the output); segments: cut each sequence into this many segments run side by side, their
     entering states composed exactly from each segment's affine map (two segments: segment
     1's from the state pass alone over segment 0, the unsplit bits; default
-    :func:`num_segments`: 2 for sequences of 512+ chunks when B·HV is small enough to leave half
+    :func:`num_segments`: 2 for sequences of 256+ chunks (128+ captured) when B·HV is small enough to leave half
     the SMs idle; at most one segment a chunk); output_groups: 1 or 2 output warpgroups
     (alternate chunks; 2 needs num_stages even; ignored with output=False); variant: a dict
     of the main launch's constexprs among VARIANT_KEYS (launch variants for eval.bench);
@@ -1008,11 +1013,14 @@ def forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state, se
     P_ON_WU, of the W/U form) as :func:`chunk_state_output_t`.
     Returns (o [B, T, HV, 128] bf16, final state fp32 or None); raises ValueError as
     chunk_state_output_t does (naming v and Ai), for checkpoints of another shape and for
-    P_ON_WU without the W/U form."""
+    P_ON_WU without the W/U form, and for a non-contiguous Ai with beside_seg0_end."""
     check_state_inputs("forward_t", q, k, v, G, initial_state, segments,
                        (("v", v, HEAD_DIM), ("Ai", Ai, CHUNK)))
     if beta.shape != G.shape:
         raise ValueError(f"forward_t: beta {tuple(beta.shape)} is not {tuple(G.shape)}")
+    if beside_seg0_end is not None and not Ai.is_contiguous():
+        # the launch reads a contiguous copy, which the callback's writes would not reach
+        raise ValueError("forward_t: Ai must be contiguous when beside_seg0_end completes it")
     _check_variant("forward_t", variant)
     t_on_chain = T_ON_CHAIN if t_on_chain is None else t_on_chain
     if t_on_chain and (variant or {}).get("P_ON_WU"):

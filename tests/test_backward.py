@@ -98,6 +98,23 @@ def test_backward_fp32(case):
             assert torch.equal(d[0, end:], torch.zeros_like(d[0, end:])), name
 
 
+W_U_CASES = [c for c in CASES if c[0] in ("strong-partial", "varlen-empty-tail")]
+
+
+@pytest.mark.parametrize("case", W_U_CASES, ids=[c[0] for c in W_U_CASES])
+def test_backward_fp32_forming_w_and_u(case, monkeypatch):
+    """The backward forming W and U (chunk_bwd.CHAIN_T off, GDN_BACKWARD_W_U=1: the A/B form
+    of the chain-form default) within the same bound, and within 1e-5 of the default."""
+    from gdn_fused.kernels import chunk_bwd
+    xs, do, dht, cu = inputs(case, torch.float32, "cpu")
+    chain = triton_grads(xs, do, dht, cu, case[-1])
+    monkeypatch.setattr(chunk_bwd, "CHAIN_T", False)
+    got = triton_grads(xs, do, dht, cu, case[-1])
+    err = errors(got, case_truth(case, xs, do, dht, cu))
+    assert max(err.values()) <= CPU_BOUND[torch.float32], err
+    assert max(errors(got, chain).values()) <= 1e-5
+
+
 @pytest.mark.parametrize("module", ["chunk_bwd_dqkwg", "wu_bwd"])
 def test_backward_two_key_blocks(monkeypatch, module):
     """K split into two key blocks (16 here) by one kernel while the other takes all of K, with

@@ -72,6 +72,11 @@ def test_split_recompute_equals_the_unsplit_pass(case, chain_t):
                                  segment_chunks=EVERY, **kw)
     assert ckpt.shape[0] >= 2  # several segments a sequence
     assert torch.equal(h_s, h) and torch.equal(ht_s, ht)
+    if chain_t:
+        # the chain form computes the W/U form's states (fp32 here: to rounding)
+        (k, w, u, G, h0, _), _ = state_pass(case)
+        h_wu, v_wu, ht_wu = chunk_state(k, w, u, G, h0, True, C, N, **dict(kw, beta=None))
+        assert rel_err(h, h_wu) <= 1e-5 and rel_err(ht, ht_wu) <= 1e-5
     if cu_t is None:
         assert torch.equal(v_s, v_new)
     else:  # rows past cu_seqlens[-1] are never written by either pass
@@ -141,7 +146,7 @@ def test_checkpoint_count_where_the_unsplit_pass_leaves_sms_idle():
 @pytest.mark.parametrize("backend", ["fused", "materialized"])
 def test_forward_checkpoints_and_the_backward_from_them_gpu(backend):
     """On the Hopper route (bf16, K = V = 128, B·HV = 4), a training forward of 194 chunks
-    (unsplit: under 512) stores the states entering chunks 64, 128 and 192: each within the
+    (unsplit: under gluon_transposed.MIN_CHUNKS_TO_SPLIT, 256) stores the states entering chunks 64, 128 and 192: each within the
     state bound of the fp64 recurrence's state after that many tokens. The backward from them
     is within 1e-3 of the backward that recomputes the unsplit pass (H200: ≤ 9e-5): the
     checkpoints come from a chain with other roundings (the materialized forward's W/U form
