@@ -28,9 +28,9 @@ Derivation and the precision of every intermediate: docs/backward.md.
 Why recompute rather than save: h is K·V per chunk and value head (32 KB in bf16 at K = V = 128,
 half a KB per token-head at C = 64); recomputing it costs one state pass (checkpointed:
 segments side by side from the forward's stored states), and the fused forward never
-materializes it, so one backward serves both Triton backends. T is the exception when the forward has it
-(C values per token-head, 128 B in bf16): its recompute is a latency-bound solve (250 µs at
-B = 1, T = 32768 on the H200), as fla's backward reads its forward's A.
+materializes it, so one backward serves both Triton backends. T is the exception when the
+forward has it (C values per token-head, 128 B in bf16): its recompute is a latency-bound
+solve (250 µs at B = 1, T = 32768 on the H200), as fla's backward reads its forward's A.
 """
 import os
 

@@ -50,14 +50,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from gdn_fused.kernels import launch as direct
-from gdn_fused.kernels.gluon_ring import (LOAD_REGS, LOAD_WARPS, accumulator_layout, check_heads,
-                                          check_operands, descriptor_layout, ring_barriers,
-                                          ring_buffers, tile_bytes)
+from gdn_fused.kernels.gluon_ring import (CHUNK, HEAD_DIM, LOAD_REGS, LOAD_WARPS,
+                                          accumulator_layout, check_heads, check_operands,
+                                          descriptor_layout, ring_barriers, ring_buffers,
+                                          tile_bytes)
 from gdn_fused.kernels.gluon_transposed import (GATE_LAYOUT, WU_GATE_BLOCK, WU_GATE_LAYOUT,
                                                 _chunk_decay, _gate_row, _state_tile_t)
 
-CHUNK = 64
-HEAD_DIM = 128
 BV = 64  # value rows of dHᵀ a program: wgmma's M, one warpgroup
 STAGES = 2
 DESCRIPTOR_BLOCKS = dict(k=[CHUNK, HEAD_DIM], q=[CHUNK, HEAD_DIM], w=[CHUNK, HEAD_DIM],

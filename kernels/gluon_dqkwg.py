@@ -52,13 +52,11 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.chunk_index import sm_count
-from gdn_fused.kernels.gluon_ring import (LOAD_REGS, LOAD_WARPS, accumulator_layout, check_heads,
-                                          check_operands, chunk_gates, decay, descriptor_layout,
-                                          dg_of, gate_bwd_product, ring_barriers, ring_buffers,
-                                          tile_bytes)
+from gdn_fused.kernels.gluon_ring import (CHUNK, HEAD_DIM, LOAD_REGS, LOAD_WARPS,
+                                          accumulator_layout, check_heads, check_operands,
+                                          chunk_gates, decay, descriptor_layout, dg_of,
+                                          gate_bwd_product, ring_barriers, ring_buffers, tile_bytes)
 
-CHUNK = 64
-HEAD_DIM = 128
 BLOCK_K = 64  # key columns an item: wgmma's N for dq, dk, dw (the chunk's 64 for dM, Q Kᵀ)
 STAGES = 2
 # TMA block of each descriptor: h, dh [BK, V] rows of the [NT·HV·K, V] states; V', dO, dV'

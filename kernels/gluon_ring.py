@@ -4,7 +4,7 @@ the TMA producer, in which one warp streams a chunk's tiles into a ring of share
 stages, a ready/empty mbarrier pair per stage, while the consumer warpgroup works on the
 previous chunk; the ring's buffers and barriers; the program's place in the grid; the
 consumer's accumulator layout and its state tile; the backward's gate terms (decay,
-gate_bwd_product, dg_of); operand checks.
+gate_bwd_product, dg_of); operand checks; the tiling (CHUNK, HEAD_DIM).
 """
 import functools
 
@@ -13,6 +13,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                               warpgroup_mma)
 
+# The tiling the Gluon kernels are written for (materialized.gluon_tiles_apply routes only it
+# to them): chunks of 64 tokens, key and value heads of 128
+CHUNK = 64
+HEAD_DIM = 128
 LOAD_WARPS = gl.constexpr(1)
 LOAD_REGS = gl.constexpr(24)  # the minimum setmaxnreg budget; the producer holds only scalars
 

@@ -35,13 +35,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from gdn_fused.kernels.gluon_ring import (LOAD_REGS, LOAD_WARPS, accumulator_layout,
-                                          chunk_gates, descriptor_layout, initial_state,
-                                          load_ring, ring_barriers, ring_buffers, ring_program,
-                                          state_tile)
+from gdn_fused.kernels.gluon_ring import (CHUNK, HEAD_DIM, LOAD_REGS, LOAD_WARPS,
+                                          accumulator_layout, chunk_gates, descriptor_layout,
+                                          initial_state, load_ring, ring_barriers, ring_buffers,
+                                          ring_program, state_tile)
 
-CHUNK = 64
-HEAD_DIM = 128
 BV = 64  # value columns per program: S is 128 × 64 fp32, half the registers of a warpgroup
 NUM_STAGES = 2  # ring depth of k/w/u tiles: chunk c+1 loads while chunk c computes
 # 8 warps (the consumer warpgroup and the producer's, padded to 4) × 128 registers: two programs

@@ -63,16 +63,16 @@ value there would reach the previous sequence: the materialized forward routes h
 batches where no chunk straddles two sequences. The gates are repacked as [B·HV, T] rows,
 zero past T.
 
-Sequence splitting (``segments``; by default for sequences of 256+ chunks at small B·HV,
-128+ while a CUDA graph is captured: ``num_segments``, ``min_chunks_to_split``): the state update is affine in the entering
-state, so a segment of chunks maps S_in ↦ M S_in + b; a first launch runs this kernel's state
-pass alone (``MAP``) over the K + V columns of [M | b] from [I | 0] (M's columns read no
-values) for every segment but the last, ``compose_segment_states`` composes the entering
-states exactly (fp64, tiny), and the main launch runs all segments side by side. Exact
+Sequence splitting (``segments``; by default for sequences of 256+ chunks at small B·HV, 128+
+while a CUDA graph is captured: ``num_segments``, ``min_chunks_to_split``): the state update is
+affine in the entering state, so a segment of chunks maps S_in ↦ M S_in + b; a first launch runs
+this kernel's state pass alone (``MAP``) over the K + V columns of [M | b] from [I | 0] (M's
+columns read no values) for every segment but the last, ``compose_segment_states`` composes the
+entering states exactly (fp64, tiny), and the main launch runs all segments side by side. Exact
 algebra, as kernels/fused_split.py: heads with g = 0 compose like decaying ones. With two
 segments (the default's only split) the first launch is instead the state pass alone over
-segment 0 from h0 (``SEG0_END``, session 18: V columns, half the programs, no
-composition), so the split gives the unsplit pass's bits.
+segment 0 from h0 (``SEG0_END``, session 18: V columns, half the programs, no composition), so
+the split gives the unsplit pass's bits.
 
 ``forward_t``, the fused backend's forward on Hopper (kernels/fused_fwd.py,
 WARP_SPECIALIZED): the forward after kkt_solve_from_k's bf16 inverse T in this one kernel, its
@@ -123,16 +123,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from gdn_fused.kernels import launch as direct
-from gdn_fused.kernels.gluon_ring import (LOAD_REGS, LOAD_WARPS, accumulator_layout,
-                                          descriptor_layout, load_ring, ring_barriers,
-                                          ring_buffers, ring_program)
+from gdn_fused.kernels.gluon_ring import (CHUNK, HEAD_DIM, LOAD_REGS, LOAD_WARPS,
+                                          accumulator_layout, descriptor_layout, load_ring,
+                                          ring_barriers, ring_buffers, ring_program)
 from gdn_fused.kernels.chunk_index import sm_count
 from gdn_fused.kernels.chunk_state import SEGMENT_CHUNKS, checkpoint_slabs
 from gdn_fused.kernels.gluon_wu import _sum
 from gdn_fused.kernels import streams
 
-CHUNK = 64
-HEAD_DIM = 128
 BV = 64  # value rows of Sᵀ a program: wgmma's M, one warpgroup
 NUM_STAGES = 2  # ring depth of q/k/w/u tiles (56 KB a stage)
 OUT_WARPS = gl.constexpr(4)  # the output warpgroup: wgmma's M = 64 is the chunk
@@ -962,10 +960,11 @@ def chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state
     the output); segments: cut each sequence into this many segments run side by side, their
     entering states composed exactly from each segment's affine map (two segments: segment
     1's from the state pass alone over segment 0, the unsplit bits; default
-    :func:`num_segments`: 2 for sequences of 256+ chunks (128+ captured) when B·HV is small enough to leave half
-    the SMs idle; at most one segment a chunk); output_groups: 1 or 2 output warpgroups
-    (alternate chunks; 2 needs num_stages even; ignored with output=False); variant: a dict
-    of the main launch's constexprs among VARIANT_KEYS (launch variants for eval.bench);
+    :func:`num_segments`: 2 for sequences of 256+ chunks (128+ captured) when B·HV is small
+    enough to leave half the SMs idle; at most one segment a chunk); output_groups: 1 or 2
+    output warpgroups (alternate chunks; 2 needs num_stages even; ignored with output=False);
+    variant: a dict of the main launch's constexprs among VARIANT_KEYS (launch variants for
+    eval.bench);
     gate_rows: G's rows as chunk_cumsum(..., gate_rows=[]) writes them, or None to lay them out
     here (:func:`_gate_rows`); checkpoints: None, or a contiguous fp32 [cdiv(NT,
     SEGMENT_CHUNKS) − 1, B, HV, 128, 128] tensor the chain fills with the states entering

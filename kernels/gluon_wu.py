@@ -79,10 +79,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from gdn_fused.kernels.gluon_ring import accumulator_layout, descriptor_layout
+from gdn_fused.kernels.gluon_ring import CHUNK, HEAD_DIM, accumulator_layout, descriptor_layout
 
-CHUNK = 64
-HEAD_DIM = 128
 # diagonal block: 14 substitution steps, and one warp's 16-row slab of the wgmma accumulator
 BLOCK = gl.constexpr(16)
 NUM_WARPS = 4  # one warpgroup: the wgmma M = 64 is the chunk

@@ -58,13 +58,11 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.chunk_index import sm_count
-from gdn_fused.kernels.gluon_ring import (LOAD_REGS, LOAD_WARPS, accumulator_layout, check_heads,
-                                          check_operands, chunk_gates, decay, descriptor_layout,
-                                          dg_of, gate_bwd_product, ring_barriers, ring_buffers,
-                                          tile_bytes)
+from gdn_fused.kernels.gluon_ring import (CHUNK, HEAD_DIM, LOAD_REGS, LOAD_WARPS,
+                                          accumulator_layout, check_heads, check_operands,
+                                          chunk_gates, decay, descriptor_layout, dg_of,
+                                          gate_bwd_product, ring_barriers, ring_buffers, tile_bytes)
 
-CHUNK = 64
-HEAD_DIM = 128
 TILE = [CHUNK, CHUNK]  # every TMA box: 64 rows, 64 columns of 128 B (K, V = two boxes)
 STAGES = 2
 # the compute warpgroup and the producer warp (padded to 4): 8 warps, one CTA an SM

@@ -146,13 +146,14 @@ def test_checkpoint_count_where_the_unsplit_pass_leaves_sms_idle():
 @pytest.mark.parametrize("backend", ["fused", "materialized"])
 def test_forward_checkpoints_and_the_backward_from_them_gpu(backend):
     """On the Hopper route (bf16, K = V = 128, B·HV = 4), a training forward of 194 chunks
-    (unsplit: under gluon_transposed.MIN_CHUNKS_TO_SPLIT, 256) stores the states entering chunks 64, 128 and 192: each within the
-    state bound of the fp64 recurrence's state after that many tokens. The backward from them
-    is within 1e-3 of the backward that recomputes the unsplit pass (H200: ≤ 9e-5): the
-    checkpoints come from a chain with other roundings (the materialized forward's W/U form
-    against the backward's chain form, chunk_bwd.CHAIN_T; the fused forward's Gluon chain).
-    With the backward in the W/U form (GDN_BACKWARD_W_U=1) the materialized forward's
-    checkpoints are its own chain's states, so there the bits must be equal."""
+    (unsplit: under gluon_transposed.MIN_CHUNKS_TO_SPLIT, 256) stores the states entering chunks
+    64, 128 and 192: each within the state bound of the fp64 recurrence's state after that many
+    tokens. The backward from them is within 1e-3 of the backward that recomputes the unsplit
+    pass (H200: ≤ 9e-5): the checkpoints come from a chain with other roundings (the
+    materialized forward's W/U form against the backward's chain form, chunk_bwd.CHAIN_T; the
+    fused forward's Gluon chain). With the backward in the W/U form (GDN_BACKWARD_W_U=1) the
+    materialized forward's checkpoints are its own chain's states, so there the bits must be
+    equal."""
     from gdn_fused.eval.cases import truth
     from gdn_fused.kernels.fused_fwd import fused_fwd, uses_warp_specialized
     from gdn_fused.kernels.materialized import materialized_fwd

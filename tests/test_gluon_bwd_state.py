@@ -103,8 +103,9 @@ def test_matches_fp64_and_chunk_bwd_state(case, chain_t):
     names = ("dh", "dv2", "dh0")
     err_t = {n: rel_err(x, r) for n, x, r in zip(names, tri, ref) if x is not None}
     err_g = {n: rel_err(x, r) for n, x, r in zip(names, got, ref) if x is not None}
-    print(f"bwd state {case[0]} {'T' if chain_t else 'W'} vs fp64: triton " + " ".join(f"{n} {e:.1e}" for n, e in
-                                                            err_t.items())
+    form = "T" if chain_t else "W"
+    print(f"bwd state {case[0]} {form} vs fp64: triton "
+          + " ".join(f"{n} {e:.1e}" for n, e in err_t.items())
           + " | gluon " + " ".join(f"{n} {e:.1e}" for n, e in err_g.items())
           + f" | gluon vs triton dh {rel_err(got[0], tri[0]):.1e}")
     assert (got[2] is None) == (not with_h0)
