@@ -99,17 +99,6 @@ def rel_diff(x, ref):
     return ((x.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
-def splits_inverse(q, v):
-    """Whether the fused forward runs segment 1's inverse beside segment 0's state pass here
-    (fused_fwd.SPLIT_INVERSE on its Hopper route at B = 1 with two segments)."""
-    from gdn_fused.kernels import fused_fwd
-    if not (fused_fwd.SPLIT_INVERSE and q.shape[0] == 1
-            and fused_fwd.uses_warp_specialized(q, v, CHUNK, None)):
-        return False
-    from gdn_fused.kernels.gluon_transposed import segment0_chunks
-    return segment0_chunks(1, q.shape[1], v.shape[2], q.device) > 0
-
-
 def bench_forward(shapes, bandwidth, fla_chunk, backward, backward_graph=False):
     import triton
     from gdn_fused import chunk_gated_delta_rule
@@ -152,7 +141,8 @@ def bench_forward(shapes, bandwidth, fla_chunk, backward, backward_graph=False):
                     finally:
                         (gluon_transposed.MIN_CHUNKS_TO_SPLIT,
                          gluon_transposed.MIN_CHUNKS_TO_SPLIT_CAPTURED) = before
-            if name == "fused" and splits_inverse(q, v):
+            if (name == "fused" and fused_fwd.uses_warp_specialized(q, v, CHUNK, None)
+                    and fused_fwd.inverse_cut(B, T, v.shape[2], q.device, CHUNK)):
                 # A/B in the same run: the whole inverse before forward_t instead of segment
                 # 1's beside segment 0's state pass (kernels/fused_fwd.py, SPLIT_INVERSE)
                 fused_fwd.SPLIT_INVERSE = False

@@ -487,6 +487,16 @@ def uses_warp_specialized(q, v, chunk_size, cu_seqlens) -> bool:
     return WARP_SPECIALIZED and uses_state_output_kernel(q, v, chunk_size, cu_seqlens)
 
 
+def inverse_cut(B: int, T: int, HV: int, device: torch.device, chunk_size: int = 64) -> int:
+    """Tokens of segment 0 whose T the Hopper route solves before segment 0's state pass alone,
+    the rest of T being solved beside that pass (:data:`SPLIT_INVERSE`, B = 1, where forward_t
+    runs two segments: gluon_transposed.segment0_chunks), else 0 (the whole inverse first)."""
+    if not SPLIT_INVERSE or B != 1:
+        return 0
+    from gdn_fused.kernels.gluon_transposed import segment0_chunks
+    return segment0_chunks(B, T, HV, device) * chunk_size
+
+
 def _warp_specialized_fwd(q, k, v, g, beta, scale, initial_state, output_final_state,
                           chunk_size, for_backward=False):
     """The fused forward on Hopper (WARP_SPECIALIZED): G, then T (bf16, the Gluon
@@ -494,13 +504,13 @@ def _warp_specialized_fwd(q, k, v, g, beta, scale, initial_state, output_final_s
     (o, final state or an empty tensor, T, checkpoints or an empty tensor): with
     ``for_backward``, the states the backward's recompute starts its segments from
     (chunk_state.new_checkpoints; none where B·HV fills the GPU)."""
-    from gdn_fused.kernels.gluon_transposed import forward_t, segment0_chunks
+    from gdn_fused.kernels.gluon_transposed import forward_t
     from gdn_fused.kernels.kkt_solve import default_inverse_dtype
     from gdn_fused.kernels.materialized import gates_and_inverse
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
     B, T, HV, V = v.shape
     rest = None
-    cut = segment0_chunks(B, T, HV, q.device) * chunk_size if SPLIT_INVERSE and B == 1 else 0
+    cut = inverse_cut(B, T, HV, q.device, chunk_size)
     if cut:
         # segment 0's T first; segment 1's beside segment 0's state pass alone (forward_t),
         # on the SMs its programs leave idle. B = 1: a segment's rows are a contiguous slice

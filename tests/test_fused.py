@@ -552,6 +552,20 @@ def test_fused_gpu_route_cuda_graph(monkeypatch):
     assert torch.equal(o_g, o_e) and torch.equal(ht_g, ht_e)
 
 
+def test_inverse_cut(monkeypatch):
+    """Where the Hopper route solves segment 0's T first (its state pass alone then reads only
+    that): B = 1 with two segments (from 256 chunks eager at B·HV = 32), ceil(chunks / 2)
+    chunks of tokens; none for B = 2, a shorter sequence or SPLIT_INVERSE off."""
+    from gdn_fused.kernels import fused_fwd as module
+    cpu = torch.device("cpu")  # sm_count: the H200's 132
+    assert module.inverse_cut(1, 256 * 64, 32, cpu) == 128 * 64
+    assert module.inverse_cut(1, 513 * 64, 32, cpu) == 257 * 64
+    assert module.inverse_cut(1, 255 * 64, 32, cpu) == 0
+    assert module.inverse_cut(2, 512 * 64, 16, cpu) == 0
+    monkeypatch.setattr(module, "SPLIT_INVERSE", False)
+    assert module.inverse_cut(1, 512 * 64, 32, cpu) == 0
+
+
 @pytest.mark.gpu
 def test_fused_gpu_split_inverse_same_bits_and_capturable(monkeypatch):
     """Two segments at B = 1 (512 chunks, HV = 4): segment 1's inverse beside segment 0's
