@@ -453,7 +453,8 @@ def bench_stages(B=1, T=32768):
 # and waited for them at the loop's top), and 4,145 / 4,732 at 3 stages with 32 key columns
 # at 4 / 8 warps (the only form whose copies stay in flight: 213 KB, one an SM; 64 key columns
 # need 256 KB). Removed. The Gluon form (kernels/gluon_dqkwg.py) took 1,427 µs in the run where
-# the Triton kernel took 1,750 ("chunk_bwd_dqkwg gluon" row; its earlier forms in its docstring).
+# the Triton kernel took 1,750 ("chunk_bwd_dqkwg gluon" row; its earlier forms in its docstring);
+# at two CTAs an SM (session 20) 1,177 against 1,425 for the one-CTA form in the same run.
 BWD_VARIANTS = [("chunk_bwd_state", dict(block_v=bv)) for bv in (16, 64)] + [
     ("wu_bwd", dict(num_stages=3)), ("chunk_bwd_dqkwg", dict(block_k=128, block_v=64)),
     ("chunk_bwd_dqkwg", dict(block_v=64, num_stages=3)),

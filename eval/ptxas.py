@@ -7,7 +7,9 @@ Triton compiles for a named target on any machine and ships ptxas, so a CPU can 
 GPU machine would run: a kernel's register footprint (registers per thread × threads) bounds how
 many programs an SM holds, spills go to local memory, and the PTX shows whether the kernel uses
 warpgroup MMA (``wgmma.mma_async``), TMA (``cp.async.bulk.tensor``), mbarriers and per-role
-register budgets (``setmaxnreg``, warp specialization). Times still need the GPU
+register budgets (``setmaxnreg``, warp specialization); :func:`register_operand_hazards`
+checks the SASS for registers of a wgmma operand rewritten while it runs (the table's last
+column). Times still need the GPU
 (``python -m eval.bench``); this says which launch variants are worth timing.
 
 :func:`compile_report` takes a ``triton.jit`` or ``gluon.jit`` function, its argument types and
@@ -144,6 +146,37 @@ def sass(compiled) -> str:
     if run.returncode != 0:
         raise RuntimeError(f"nvdisasm failed: {run.stderr.strip()}")
     return run.stdout
+
+
+# an instruction's first register operand, which SASS writes (stores, barriers, HGMMA and the
+# TMA and synchronization ops name no register destination first)
+_WRITES = re.compile(r"^(?:@!?U?P\w+\s+)?(?!HGMMA|ST|BAR|WARPGROUP|SYNCS|UTMA|RED|ATOM)"
+                     r"[A-Z][\w.]*\s+R(\d+)\b")
+
+
+def register_operand_hazards(text: str) -> list[tuple[str, str]]:
+    """(wgmma, instruction) pairs of a SASS listing in which an instruction writes a register
+    of an HGMMA's A operand (taken from registers: four of them, R_n … R_n+3) after the HGMMA
+    and before the next ``WARPGROUP.DEPBAR``, i.e. while the wgmma may still read it. The
+    program must keep such registers until the wait (Gluon: name the operand in
+    ``warpgroup_mma_wait``'s deps), yet ptxas made one itself (session 20): a register of an
+    operand that is the same constant in every thread was set after the first wgmma that
+    reads it, so a CTA's first item read a stale value. A heuristic on straight-line order:
+    it does not follow branches."""
+    ins = [m.group(1).strip() for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(.*?);", text)]
+    found = []
+    for i, x in enumerate(ins):
+        m = re.search(r"HGMMA\.\S+ R\d+, R(\d+),", x)
+        if not m:
+            continue
+        regs = set(range(int(m.group(1)), int(m.group(1)) + 4))
+        for y in ins[i + 1:]:
+            if y.startswith("WARPGROUP.DEPBAR"):
+                break
+            w = _WRITES.match(y)
+            if w and int(w.group(1)) in regs:
+                found.append((x, y))
+    return found
 
 
 def sass_loops(text: str) -> list[dict]:
@@ -319,7 +352,7 @@ def _gluon_dqkwg():
     sig = {f"{names.get(n, n)}_desc": tensordesc("bf16", b, descriptor_layout(b))
            for n, b in DESCRIPTOR_BLOCKS.items()}
     sig.update(G="*fp64", dg="*fp32", s_dg="i32", scale="fp32", num_items="i32", NBH="i32",
-               T="i32")
+               T="i32", stage0="i32")
     return chunk_bwd_dqkwg_gluon_kernel, sig, dict(H=16, HV=32, K=128, V=128, STAGES=STAGES)
 
 
@@ -474,7 +507,7 @@ def _main(argv) -> int:
         except (ValueError, SyntaxError):
             p.error(f"--set: {item!r} is not KEY=<Python literal>")
     head = ["kernel", "warps", "registers", "spill stores B", "stack B", "shared B"] + \
-        list(HOPPER_FEATURES)
+        list(HOPPER_FEATURES) + ["A-operand hazards"]
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for name in dict.fromkeys(args.kernels):  # each once, in the order given
         if args.arch != 90 and name in HOPPER_ONLY:
@@ -487,7 +520,11 @@ def _main(argv) -> int:
         r = report_of(compiled, args.arch, **options)
         cells = [name, r["num_warps"], r["registers"], r["spill_stores"], r["stack"], r["shared"]]
         cells += [r["features"][f] for f in HOPPER_FEATURES]
+        hazards = register_operand_hazards(sass(compiled)) if args.arch == 90 else []
+        cells.append(len(hazards) if args.arch == 90 else "")
         print("| " + " | ".join(map(str, cells)) + " |", flush=True)
+        for wgmma, write in hazards:
+            print(f"|   hazard: {wgmma} … {write} |", flush=True)
         if args.loops and args.arch == 90:
             for loop in sass_loops(sass(compiled)):
                 if loop["instructions"] >= 20:

@@ -1,7 +1,7 @@
 """chunk_bwd_dqkwg (kernels/chunk_bwd_dqkwg.py) as a persistent, warp-specialized Gluon kernel
-for Hopper (sm_90a): the same math and outputs, one CTA an SM looping over the work items
-(key block of 64, batch · value head, chunk — chunk_index.grid_position's order) while a
-producer warp streams the next item's tiles by TMA into a two-stage ring.
+for Hopper (sm_90a): the same math and outputs, two CTAs an SM looping over the work items
+(key block of 64, batch · value head, chunk — chunk_index.grid_position's order), in each a
+producer warp streaming the next item's tiles by TMA into a one-stage ring.
 
 Why: the Triton kernel holds 255 registers a thread and 96 KB of shared memory, so two programs
 an SM, each loading its tiles, then computing, then storing (H200, (1, 32768), session 15:
@@ -11,20 +11,20 @@ item's loads with another's products in the shared memory a program has (persist
 forms: 1,988–4,732 µs, eval/bench.py). Here a stage is 96 KB (h and dh [64, 128], V', dO and
 dV' [64, 128], q and k [64, 64]) in two transactions: the first five tiles are released after
 the first four products, so the producer refills them while the gate terms run; q and k at the
-item's end. Two stages, P's tile, one staging tile and dg's constant operand: 222 KB with the
-layout conversions' scratch, one CTA an SM.
+item's end. One stage, P's tile and one staging tile: 113 KB with the scratch, so two CTAs
+share an SM (228 KB, 1 KB reserved a CTA), each at 128 registers a thread at launch.
 
-Measured (H200, (1, 32768), `eval.bench --sweep bwd`, session 15): **1,427 µs** against the
-Triton kernel's 1,750 in the same run; dq, dk, dw bit-identical to it, dg within 2.2e-6. The
-compute warpgroup binds, not the loads: one item takes ~5.8 µs against ~3.8 µs of HBM time at
-the chip's bandwidth share (eval.ptxas: 240 registers, 28 B of spill stores, 2,597 SASS
-instructions an item). Its forms, in order: dg's reverse cumsums as scans and each product
-waited for in turn, 1,874–1,900 µs (3,418 instructions, 587 of them shuffles); dg as a product
-through shared memory, 1,635 (2,275 instructions, 208 B of spills); dW's and dg's products in
-flight with the others (this form), 1,427. Two compute warpgroups on alternate items (each its
-own stage, P tile and staging tile; 230 KB) took 1,497 µs in the second form but gave a wrong
-dg in one of three cases (4.4e-2 relative in the strong-decay case; dq, dk, dw still
-bit-identical), cause not found: not kept.
+Measured (H200, (1, 32768)): one CTA an SM with two stages, session 15, **1,427 µs** against
+the Triton kernel's 1,750 in the same run. Its compute warpgroup bound, not the loads: one item
+took ~5.8 µs against ~3.8 µs of HBM time at the chip's bandwidth share, ~20 % of the tensor
+cores' rate (2,597 SASS instructions an item, each product waited for in a chain). Earlier
+forms: dg's reverse cumsums as scans, 1,874–1,900 µs; dg as a product through shared memory
+after the others, 1,635; two compute warpgroups on alternate items (230 KB) 1,497 in that
+form, with a wrong dg in the strong-decay case (4.4e-2) whose cause was not found then — the
+stale-register miscompile below would give that symptom. Two CTAs an SM, session 20
+(`ab_dqkwg_two_ctas_2026-12-01_s20.log`): **1,177 µs** against 1,425 for the one-CTA form in
+the same run ((8, 4096): 1,175 against 1,418); dq, dk, dw the same bits, dg within 4.6e-7 of
+it (dg's sum is ordered differently: below). The second CTA's chain fills the first's waits.
 
 Per item the compute warpgroup runs:
 
@@ -32,10 +32,21 @@ Per item the compute warpgroup runs:
                                 meanwhile); dW stored at once (TMA); h, dh, V', dO, dV'
                                 released
     Q Kᵀ, the gate terms        as chunk_bwd_dqkwg (kernels/chunk_gate_bwd.py's scheme)
-    dQ += P K, dK += Pᵀ Q, D = Z L   P = scale · dM ⊙ Γ (dK's product reads it transposed from
-                                shared memory); D: dg's reverse cumsums as one product
-                                (gluon_ring.gate_bwd_product); then q and k released
-    stores dQ and dK (TMA) and dg (this key block's partial, fp32).
+    dQ += P K, dK += Pᵀ Q       P = scale · dM ⊙ Γ (dK's product reads it transposed from
+                                shared memory)
+    D'ᵀ = L'ᵀ Z'ᵀ               dg's reverse cumsums as one product with Z' staged in q's and
+                                k's tiles (gluon_ring.gate_bwd_rows: dg comes out a row a
+                                token, where the one-CTA form's column sums took 1 KB of
+                                scratch to add across warps); dQ and dK stored (TMA) meanwhile;
+                                then q and k released and dg (this key block's partial, fp32)
+                                stored.
+
+A miscompile met on the way (session 20, `dbg_dqkwg_dg_rows_2026-12-01_s20.log`): with L'ᵀ a
+constant, ptxas set one register of it, the same in every thread, after the first wgmma that
+reads it, so each CTA's first item took rows 8–15 of every warp's slab of dg from a stale
+register. L'ᵀ is masked by the rows' validity now (not a constant), and eval.ptxas counts
+such writes in every kernel's SASS (register_operand_hazards; tests/test_ptxas.py checks this
+kernel, its shared memory and its registers).
 
 Scope: dense batches where no chunk straddles two sequences (B = 1 or T a multiple of 64: a
 TMA tile past a sequence's end reads the next one's rows, which only zero weights would keep
@@ -54,19 +65,26 @@ from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.chunk_index import sm_count
 from gdn_fused.kernels.gluon_ring import (CHUNK, HEAD_DIM, LOAD_REGS, LOAD_WARPS,
                                           accumulator_layout, check_heads, check_operands,
-                                          chunk_gates, decay, descriptor_layout, dg_of,
-                                          gate_bwd_product, ring_barriers, ring_buffers, tile_bytes)
+                                          chunk_gates, decay, descriptor_layout, dg_of_rows,
+                                          gate_bwd_rows, gate_bwd_stage, ring_barriers,
+                                          ring_buffers, tile_bytes)
 
 BLOCK_K = 64  # key columns an item: wgmma's N for dq, dk, dw (the chunk's 64 for dM, Q Kᵀ)
-STAGES = 2
+# Two CTAs an SM, each with one stage: the compute warpgroup's chain of waits binds (one CTA
+# an SM ran its items at ~20 % of the tensor cores' rate), so a second CTA's chain fills its
+# gaps. Each then fits 113 KB of shared memory (228 KB an SM, 1 KB reserved a CTA) and 128
+# registers a thread at launch (the compute warpgroup raises its own to 232 as the producer
+# lowers its to LOAD_REGS: setmaxnreg).
+CTAS_PER_SM = 2
+STAGES = 1
 # TMA block of each descriptor: h, dh [BK, V] rows of the [NT·HV·K, V] states; V', dO, dV'
 # [C, V]; q, k and the outputs [C, BK]
 DESCRIPTOR_BLOCKS = dict(h=[BLOCK_K, HEAD_DIM], dh=[BLOCK_K, HEAD_DIM], v_new=[CHUNK, HEAD_DIM],
                          do=[CHUNK, HEAD_DIM], dv2=[CHUNK, HEAD_DIM], q=[CHUNK, BLOCK_K],
                          k=[CHUNK, BLOCK_K], dq=[CHUNK, BLOCK_K], dk=[CHUNK, BLOCK_K],
                          dw=[CHUNK, BLOCK_K])
-# the compute warpgroup and the producer warp (padded to 4): 8 warps, one CTA an SM
-MAXNREG = 240
+# the compute warpgroup and the producer warp (padded to 4): 8 warps, 256 threads a CTA
+MAXNREG = 65536 // (CTAS_PER_SM * 256)
 
 
 @gluon.jit
@@ -116,8 +134,8 @@ def _producer(descs, bufs, bars, num_items, NBH, T, NT, H: gl.constexpr, HV: gl.
 
 
 @gluon.jit
-def _compute(bufs, bars, p_tile, o_tile, l_tile, dq_desc, dk_desc, dw_desc, G, dg, s_dg, scale,
-             num_items, NBH, T, HV: gl.constexpr, K: gl.constexpr):
+def _compute(bufs, bars, p_tile, o_tile, dq_desc, dk_desc, dw_desc, G, dg, s_dg, scale,
+             num_items, NBH, T, stage0, HV: gl.constexpr, K: gl.constexpr):
     """The compute warpgroup: this CTA's items j (stage j % STAGES); p_tile: P, then dQ's
     staging tile; o_tile: dW's, then dK's staging tile."""
     h_bufs, dh_bufs, vn_bufs, do_bufs, dv_bufs, q_bufs, k_bufs = bufs
@@ -135,14 +153,10 @@ def _compute(bufs, bars, p_tile, o_tile, l_tile, dq_desc, dk_desc, dw_desc, G, d
     o_t = gl.arange(0, BT, layout=rows)
     o_j = gl.arange(0, BT, layout=cols)
     zero = gl.zeros([BT, BK], gl.float32, acc)
-    # L_jt = [j < t], the constant operand of dg's product, once
-    l_tile.store(gl.where(o_t[:, None] < o_j[None, :], 1., 0.).to(gl.bfloat16))
-    fence_async_shared()
-    gl.thread_barrier()
     j = 0
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
         i_k, i_b, i_hv, i_t = _item(item, NBH, HV, K // BK)
-        s = j % STAGES
+        s = j % (STAGES + stage0)
         phase = (j // STAGES) & 1
         bos = i_b * T
         row = bos + i_t * BT
@@ -168,13 +182,14 @@ def _compute(bufs, bars, p_tile, o_tile, l_tile, dq_desc, dk_desc, dw_desc, G, d
         # dW stored at once: the staging tile's last store (the previous item's dK) must have
         # read it (the wait is for that read)
         tma.store_wait(0)
+        gl.thread_barrier()
         o_tile.store((-b_dw).to(gl.bfloat16))
         fence_async_shared()
+        # h, dh, V', dO, dV' are read: every warp past them (and past dW's staging), then the
+        # one arrive lets the producer refill them with the next item while this one's gate
+        # terms run
         gl.thread_barrier()
         tma.async_copy_shared_to_global(dw_desc, [row, col], o_tile)
-        # h, dh, V', dO, dV' are read: every warp past them, then the one arrive lets the
-        # producer refill them with item j + STAGES while this one's gate terms run
-        gl.thread_barrier()
         mbarrier.arrive(empty_big.index(s), count=1)
         mbarrier.wait(ready_small.index(s), phase)
         b_qk = warpgroup_mma(q_bufs.index(s), k_bufs.index(s).permute((1, 0)), zero,
@@ -201,26 +216,34 @@ def _compute(bufs, bars, p_tile, o_tile, l_tile, dq_desc, dk_desc, dw_desc, G, d
         p_tile.store(p16)
         fence_async_shared()
         gl.thread_barrier()
-        b_dq = warpgroup_mma(gl.convert_layout(p16, a_op), k_bufs.index(s), b_dq, is_async=True)
+        p_op = gl.convert_layout(p16, a_op)
+        b_dq = warpgroup_mma(p_op, k_bufs.index(s), b_dq, is_async=True)
         b_dk = warpgroup_mma(p_tile.permute((1, 0)), q_bufs.index(s), b_dk, is_async=True)
-        D = gate_bwd_product(b_Z, l_tile, acc, a_op)
-        b_dq, b_dk, D = warpgroup_mma_wait(0, deps=[b_dq, b_dk, D])
-        # every warp past its reads of q, k (and of P's tile) before the one arrive
+        # (a register operand stays live to the wait: gluon_ring.gate_bwd_rows)
+        b_dq, b_dk, p_op = warpgroup_mma_wait(0, deps=[b_dq, b_dk, p_op])
+        # q, k and P read by every warp: dg's terms into q's and k's tiles (gluon_ring.
+        # gate_bwd_rows: dg a row a token, no sum across warps); dW's staging tile free for dK
+        # once its store has read it
         gl.thread_barrier()
-        mbarrier.arrive(empty_small.index(s), count=1)
-        # P's tile is free now; dW's staging tile once its store has read it
+        gate_bwd_stage(b_Z, b_a, q_bufs.index(s), k_bufs.index(s), o_j)
         tma.store_wait(0)
-        b_dg = dg_of(D, b_a, o_t, o_j)
-        # dQ staged in P's tile, dK in dW's
+        fence_async_shared()
+        gl.thread_barrier()
+        D, lt = gate_bwd_rows(q_bufs.index(s), k_bufs.index(s), o_t, o_j, valid, acc,
+                              a_op)
+        # dQ staged in P's tile, dK in dW's, stored while dg's product runs
         p_tile.store(b_dq.to(gl.bfloat16))
         o_tile.store(b_dk.to(gl.bfloat16))
         fence_async_shared()
         gl.thread_barrier()
         tma.async_copy_shared_to_global(dq_desc, [row, col], p_tile)
         tma.async_copy_shared_to_global(dk_desc, [row, col], o_tile)
-        # (dg comes in the columns' layout)
-        gl.store(dg + i_k * s_dg + (row + o_j).to(gl.int64) * HV + i_hv, b_dg,
-                 mask=i_t * BT + o_j < T)
+        D, lt = warpgroup_mma_wait(0, deps=[D, lt])
+        # every warp past its reads of q's and k's tiles before the one arrive
+        gl.thread_barrier()
+        mbarrier.arrive(empty_small.index(s), count=1)
+        gl.store(dg + i_k * s_dg + (row + o_t).to(gl.int64) * HV + i_hv,
+                 dg_of_rows(D, o_t, o_j), mask=i_t * BT + o_t < T)
         j += 1
     tma.store_wait(0)
 
@@ -228,9 +251,13 @@ def _compute(bufs, bars, p_tile, o_tile, l_tile, dq_desc, dk_desc, dw_desc, G, d
 @gluon.jit
 def chunk_bwd_dqkwg_gluon_kernel(h_desc, dh_desc, vn_desc, do_desc, dv_desc, q_desc, k_desc,
                                  dq_desc, dk_desc, dw_desc, G, dg, s_dg, scale, num_items, NBH,
-                                 T, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
+                                 T, stage0, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
                                  V: gl.constexpr, STAGES: gl.constexpr):
-    """Grid (CTAs,): each loops over items pid, pid + CTAs, … of num_items (NBH = B·HV)."""
+    """Grid (CTAs,): each loops over items pid, pid + CTAs, … of num_items (NBH = B·HV).
+    stage0 is 0, passed at run time so that the compute warpgroup's stage index j % (STAGES +
+    stage0) stays a computation in the item loop: with one stage a constant index lets LLVM
+    hoist every operand's address and wgmma descriptor out of it, which spills (eval.ptxas:
+    368 against 104 bytes of spill stores)."""
     BT: gl.constexpr = vn_desc.block_type.shape[0]
     BK: gl.constexpr = q_desc.block_type.shape[1]
     descs = (h_desc, dh_desc, vn_desc, do_desc, dv_desc, q_desc, k_desc)
@@ -244,14 +271,12 @@ def chunk_bwd_dqkwg_gluon_kernel(h_desc, dh_desc, vn_desc, do_desc, dv_desc, q_d
     gl.static_assert(BT == BK, "P's tile stages dQ")
     p_tile = gl.allocate_shared_memory(dq_desc.dtype, [BT, BK], dq_desc.layout)
     o_tile = gl.allocate_shared_memory(dq_desc.dtype, [BT, BK], dq_desc.layout)
-    # dg's constant operand
-    l_tile = gl.allocate_shared_memory(dq_desc.dtype, [BT, BT], dq_desc.layout)
     ready_big, empty_big = ring_barriers(STAGES)
     ready_small, empty_small = ring_barriers(STAGES)
     bars = (ready_big, empty_big, ready_small, empty_small)
     gl.warp_specialize([
-        (_compute, (bufs, bars, p_tile, o_tile, l_tile, dq_desc, dk_desc, dw_desc, G, dg, s_dg,
-                    scale, num_items, NBH, T, HV, K)),
+        (_compute, (bufs, bars, p_tile, o_tile, dq_desc, dk_desc, dw_desc, G, dg, s_dg,
+                    scale, num_items, NBH, T, stage0, HV, K)),
         (_producer, (descs, bufs, bars, num_items, NBH, T, gl.cdiv(T, BT), H, HV, K, V)),
     ], [LOAD_WARPS], [LOAD_REGS])
 
@@ -262,10 +287,10 @@ def chunk_bwd_dqkwg_gluon(q, k, v_new, h, dh, G, do, dv2, scale):
     straddles two sequences; the caller checks).
 
     q, k [B, T, H, 128] bf16; v_new, do, dv2 [B, T, HV, 128] bf16; h, dh [B·NT, HV, 128, 128]
-    bf16; G [B, T, HV] fp64 (chunk_cumsum's chunk-local cumsum of g); scale a float;
-    One CTA an SM (its shared memory allows no second). Returns (dq, dk, dw
-    [B, T, HV, 128] bf16, dg [2, B, T, HV] fp32: per key block of 64, partial), as
-    chunk_bwd_dqkwg with its default key blocks. Raises ValueError for other shapes or dtypes."""
+    bf16; G [B, T, HV] fp64 (chunk_cumsum's chunk-local cumsum of g); scale a float.
+    CTAS_PER_SM CTAs an SM. Returns (dq, dk, dw [B, T, HV, 128] bf16, dg [2, B, T, HV] fp32:
+    per key block of 64, partial), as chunk_bwd_dqkwg with its default key blocks. Raises
+    ValueError for other shapes or dtypes."""
     B, T, H, K = q.shape
     HV, V = do.shape[2], do.shape[3]
     NT = triton.cdiv(T, CHUNK)
@@ -290,8 +315,8 @@ def chunk_bwd_dqkwg_gluon(q, k, v_new, h, dh, G, do, dv2, scale):
                                           descriptor_layout(DESCRIPTOR_BLOCKS[n]))
              for n, x in views.items()]
     num_items = NK * B * HV * NT
-    grid = (min(num_items, sm_count(q.device)),)
+    grid = (min(num_items, CTAS_PER_SM * sm_count(q.device)),)
     direct.launch(chunk_bwd_dqkwg_gluon_kernel, grid, *descs, G, dg, dg.stride(0),
-                  float(scale), num_items, B * HV, T, H=H, HV=HV, K=K, V=V, STAGES=STAGES,
+                  float(scale), num_items, B * HV, T, 0, H=H, HV=HV, K=K, V=V, STAGES=STAGES,
                   num_warps=4, maxnreg=MAXNREG)
     return dq, dk, dw, dg

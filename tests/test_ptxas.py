@@ -93,3 +93,49 @@ def test_sass_loops_find_each_role_of_forward_t():
         by_role[bool(variant)] = {x["ops"].get("HGMMA", 0): x for x in loops}
     wu, wu_p = by_role[False][8], by_role[True][16]
     assert wu_p["ops"].get("MUFU", 0) > wu["ops"].get("MUFU", 0)
+
+
+def test_register_operand_hazards_on_a_listing():
+    """A write to a register of an in-flight HGMMA's A operand (R196 … R199) before its
+    WARPGROUP.DEPBAR is found (the session-20 listing: ptxas set R197 after the wgmma that reads
+    it); the same write after the wait, a read of it, or a write to another register is not."""
+    from gdn_fused.eval.ptxas import register_operand_hazards
+
+    def listing(*ins):
+        return "\n".join(f"        /*{16 * i:04x}*/                   {x} ;"
+                         for i, x in enumerate(ins))
+    wgmma = "HGMMA.64x64x16.F32.BF16 R24, R196, gdesc[UR24], RZ, !UPT"
+    found = register_operand_hazards(listing(wgmma, "MOV R197, 0x3f803f80",
+                                             "WARPGROUP.DEPBAR.LE gsb0, 0x0"))
+    assert found == [(wgmma, "MOV R197, 0x3f803f80")]
+    assert register_operand_hazards(listing(wgmma, "WARPGROUP.DEPBAR.LE gsb0, 0x0",
+                                            "MOV R197, 0x3f803f80")) == []
+    assert register_operand_hazards(listing(wgmma, "FADD R200, R197, R198",
+                                            "STS [R197], R199", "@P0 MOV R195, RZ",
+                                            "WARPGROUP.DEPBAR.LE gsb0, 0x0")) == []
+    assert len(register_operand_hazards(listing(wgmma, "@!P1 SEL R199, RZ, 0x3f80, !P0"))) == 1
+
+
+def test_dqkwg_gluon_fits_two_ctas_an_sm_and_keeps_its_operands():
+    """The Gluon dq/dk/dw/dg kernel as launched (gluon_dqkwg.CTAS_PER_SM = 2): shared memory
+    within half an SM's 228 KB less the 1 KB reserved a CTA, the launch's registers within half
+    the register file, and no register of a wgmma's A operand rewritten in flight. Compiled by
+    `python -m eval.ptxas` in a process of its own: in this session Triton's jitted helpers
+    (gl.sum's combine) were made interpreted functions at import."""
+    import os
+    import subprocess
+    import sys
+
+    from gdn_fused.kernels.gluon_dqkwg import CTAS_PER_SM, MAXNREG
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-m", "gdn_fused.eval.ptxas", "--kernels",
+                          "chunk_bwd_dqkwg gluon"], capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    head, row = [[c.strip() for c in line.strip("|").split("|")]
+                 for line in run.stdout.splitlines() if line.startswith("| ")][:2]
+    cells = dict(zip(head, row))
+    assert CTAS_PER_SM == 2
+    assert int(cells["shared B"]) <= 228 * 1024 // CTAS_PER_SM - 1024, cells
+    assert int(cells["registers"]) == MAXNREG and MAXNREG * 256 * CTAS_PER_SM <= 65536, cells
+    assert cells["A-operand hazards"] == "0", run.stdout
