@@ -363,7 +363,7 @@ def _gluon_wu_bwd():
     sig = {f"{n}_desc": tensordesc("bf16", TILE, descriptor_layout(TILE))
            for n in ("k", "v", "dw", "du", "dk", "t", "dv", "dko")}
     sig.update(G="*fp64", beta="*fp32", dg_part="*fp32", s_dgp="i32", dbeta="*fp32",
-               dg="*fp32", num_groups="i32", NBH="i32", T="i32")
+               dg="*fp32", num_groups="i32", NBH="i32", T="i32", stage0="i32")
     return wu_bwd_gluon_kernel, sig, dict(H=16, HV=32, K=128, V=128, NKP=2, STAGES=STAGES)
 
 

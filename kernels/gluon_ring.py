@@ -4,8 +4,7 @@ the TMA producer, in which one warp streams a chunk's tiles into a ring of share
 stages, a ready/empty mbarrier pair per stage, while the consumer warpgroup works on the
 previous chunk; the ring's buffers and barriers; the program's place in the grid; the
 consumer's accumulator layout and its state tile; the backward's gate terms (decay,
-gate_bwd_product, dg_of, gate_bwd_stage, gate_bwd_rows, dg_of_rows); operand checks; the
-tiling (CHUNK, HEAD_DIM).
+gate_bwd_stage, gate_bwd_rows, dg_of_rows); operand checks; the tiling (CHUNK, HEAD_DIM).
 """
 import functools
 
@@ -130,37 +129,14 @@ def decay(D, valid):
 
 
 @gluon.jit
-def gate_bwd_product(b_Z, l_tile, acc: gl.constexpr, a_op: gl.constexpr):
-    """The per-token dg from row terms a and strictly-lower pair terms Z without forming
-    cancelling pairs (kernels/chunk_gate_bwd.py) is dg_t = Σ_{i≥t} a_i + Σ_{j<t} Σ_{i≥t} Z_ij.
-    chunk_gate_bwd's reverse cumsums become one product and a masked sum: D_it = Σ_{j<t} Z_ij
-    = (Z L)_it with L_jt = [j < t] (the constant tile ``l_tile``, exact in bf16) and Z from
-    registers as its bf16 high and low halves (~2⁻¹⁷ relative), issued asynchronously here
-    beside the P products; then dg_t = Σ_{i≥t} (a_i + D_it) (:func:`dg_of`). Used by
-    gluon_wu_bwd (gluon_dqkwg until session 20, now :func:`gate_bwd_rows`); measured forms in
-    gluon_dqkwg (H200, (1, 32768)): two reverse scans in a blocked layout (Triton 3.6 scans no
-    wgmma layout), 1,900 µs; Z through shared memory and the product after the P products,
-    1,635; this one 1,427. dg within 2.2e-6 of chunk_bwd_dqkwg's either way."""
-    C: gl.constexpr = b_Z.type.shape[0]
-    z_hi = b_Z.to(gl.bfloat16)
-    z_lo = (b_Z - z_hi.to(gl.float32)).to(gl.bfloat16)
-    D = warpgroup_mma(gl.convert_layout(z_hi, a_op), l_tile, gl.zeros([C, C], gl.float32, acc),
-                      use_acc=False, is_async=True)
-    return warpgroup_mma(gl.convert_layout(z_lo, a_op), l_tile, D, is_async=True)
-
-
-@gluon.jit
-def dg_of(D, b_a, o_t, o_j):
-    """dg_t = Σ_{i≥t} (a_i + D_it) [C] (columns' layout) from :func:`gate_bwd_product`'s D."""
-    return gl.sum(gl.where(o_t[:, None] >= o_j[None, :], D + b_a[:, None], 0.), 0)
-
-
-@gluon.jit
 def gate_bwd_stage(b_Z, b_a, hi_tile, lo_tile, o_j):
-    """:func:`gate_bwd_product`'s terms through shared memory, for :func:`gate_bwd_rows`: Z' =
-    Z with the row terms a in its last column (a column Z, strictly lower, leaves zero) into
-    two [C, C] tiles as its bf16 high and low halves (~2⁻¹⁷ relative). The caller fences and
-    synchronizes the warpgroup before the product reads them."""
+    """The per-token dg from row terms a and strictly-lower pair terms Z without forming
+    cancelling pairs (kernels/chunk_gate_bwd.py) is dg_t = Σ_{i≥t} a_i + Σ_{i≥t} Σ_{j<t} Z_ij:
+    chunk_gate_bwd's reverse cumsums, here one product (:func:`gate_bwd_rows`) and a masked sum
+    (:func:`dg_of_rows`). This stores the product's data operand: Z' = Z with a in its last
+    column (a column Z, strictly lower, leaves zero) into two [C, C] tiles as its bf16 high and
+    low halves (~2⁻¹⁷ relative). The caller fences and synchronizes the warpgroup before the
+    product reads them."""
     C: gl.constexpr = b_Z.type.shape[1]
     z = b_Z + gl.where(o_j[None, :] == C - 1, b_a[:, None], 0.)
     z_hi = z.to(gl.bfloat16)
@@ -170,14 +146,18 @@ def gate_bwd_stage(b_Z, b_a, hi_tile, lo_tile, o_j):
 
 @gluon.jit
 def gate_bwd_rows(hi_tile, lo_tile, o_t, o_j, valid, acc: gl.constexpr, a_op: gl.constexpr):
-    """:func:`gate_bwd_product` transposed, so that dg comes out a row a token: D'ᵀ = L'ᵀ Z'ᵀ
-    with Z' from :func:`gate_bwd_stage`'s tiles (read transposed) and the constant L'_jt = [j <
-    t] or j = C − 1 (the column that carries a; rows past the sequence's end ``valid`` zero)
-    from registers, issued asynchronously. Returns (D'ᵀ, L'ᵀ): the wait names L'ᵀ among its
-    deps, so that the compiler keeps the registers of a wgmma operand in flight. Then dg_t =
-    Σ_{i≥t} D'ᵀ_ti (:func:`dg_of_rows`), a sum within each warp's rows. The columns' form
-    (:func:`dg_of`) sums across the warpgroup's four warps through 1 KB of shared-memory
-    scratch, which two CTAs an SM could not spare (gluon_dqkwg)."""
+    """D'ᵀ = L'ᵀ Z'ᵀ, D'_it = Σ_{j<t} Z_ij + a_i, with Z' from :func:`gate_bwd_stage`'s tiles
+    (read transposed) and the constant L'_jt = [j < t] or j = C − 1 (the column that carries
+    a; rows past the sequence's end ``valid`` zero) from registers, issued asynchronously.
+    Returns (D'ᵀ, L'ᵀ): the wait names L'ᵀ among its deps, so that the compiler keeps the
+    registers of a wgmma operand in flight. Then dg_t = Σ_{i≥t} D'ᵀ_ti (:func:`dg_of_rows`), a
+    sum within each warp's rows: dg comes out a row a token. The earlier form (Z from registers
+    times a constant tile L in shared memory, sessions 15–19) gave D untransposed, whose column
+    sums add across the warpgroup's four warps through 1 KB of shared-memory scratch, which two
+    CTAs an SM could not spare (gluon_dqkwg). Its measured forms in gluon_dqkwg (H200, (1,
+    32768)): two reverse scans in a blocked layout (Triton 3.6 scans no wgmma layout), 1,900
+    µs; Z through shared memory and the product after the P products, 1,635; the product
+    beside them, 1,427. dg within 2.2e-6 of chunk_bwd_dqkwg's in each."""
     C: gl.constexpr = o_t.shape[0]
     # zero on rows past the sequence's end (whose dg is not stored), which also keeps L'ᵀ from
     # being a constant: with it one, ptxas rematerialized a register of it that is the same in

@@ -1,8 +1,8 @@
 """wu_bwd (kernels/wu_bwd.py) and the GVA sum of dK (kernels/group_sum.py) as one persistent,
 warp-specialized Gluon kernel for Hopper (sm_90a): the same outputs (dK summed over the value
-heads of each key head, dV, dβ, the per-token dg) from the same inputs, one CTA an SM looping
-over (batch row, key head, chunk) groups and in each over the key head's value heads, while a
-producer warp streams the next item's tiles by TMA into a two-stage ring.
+heads of each key head, dV, dβ, the per-token dg) from the same inputs, two CTAs an SM looping
+over (batch row, key head, chunk) groups and in each over the key head's value heads, in each
+a producer warp streaming the next item's tiles by TMA into a one-stage ring.
 
 Why: the Triton kernel holds 252 registers a thread, two programs an SM, and runs at one stage
 (its pipelined form races, wu_bwd.STAGES), so each program waits for its loads, then computes,
@@ -12,16 +12,22 @@ Here every tile is a [64, 64] bf16 TMA box (K = V = 128 are two), a stage is 88 
 transactions: v and dV' (released once dV's store has read its staging tile, dV' own slot),
 then k, dW, T and dK's partial (released at the item's end). The value heads of a key head run
 one after another on the CTA, so their dK is summed in shared memory (a bf16 running sum) and
-stored once a key head: group_sum then only sums dQ (half its 194 µs at (1, 32768)).
+stored once a key head: group_sum then only sums dQ (half its 194 µs at (1, 32768)). The
+item's intermediates take the stage's slots once their tiles are read (dT's halves v's, F and
+dg's terms dW's and T's: _compute), so that a CTA holds 13 tiles (104 KB, 107.6 KB with the
+scratch) and two fit an SM.
 
-Measured (H200, (1, 32768), eval.bench --sweep bwd, session 16): 1,000 µs in a first form
-(wu_bwd 1,149 in the same run), 921 with an item's gates, β and dg partials loaded during the
-item before (926 against 1,155 in the next run), **851** with dK's GVA sum (wu_bwd 1,159 and
+Measured (H200, (1, 32768)). One CTA an SM with two stages (session 16, eval.bench --sweep
+bwd): 1,000 µs in a first form (wu_bwd 1,149 in the same run), 921 with an item's gates, β
+and dg partials loaded during the item before, **851** with dK's GVA sum (wu_bwd 1,159 and
 group_sum of dq and dk 194 in the same run); two compute warpgroups on alternate items (a
 stage each, 223 KB, 696 B of spills) took 960, and could not keep the value heads of a key
 head in order: removed. (F + Fᵀ) K as one product a key half (Fᵀ read back from shared memory
 into registers: 72 instead of 80 wgmma but +211 SASS instructions an item) took 894 against
-845 in the same run: removed.
+845 in the same run: removed. Two CTAs an SM, one stage each (session 20,
+`ab_bwd_two_ctas_2026-12-01_s20.log`): **706 µs** against 846 for the one-CTA form in the same
+run ((8, 4096): 723 against 850); dK, dV, dβ the same bits, dg within 1.4e-7 of it (dg's
+reverse cumsums as gluon_ring.gate_bwd_rows' transposed product, a row a token).
 
 The math, per chunk and value head, with M1 = dW Kᵀ, M2 = dV' Vᵀ ([C, C], fp32 from bf16):
 
@@ -39,7 +45,8 @@ diag(β) E K + Eᵀ diag(β) K (kkt_bwd.gated_kkt_bwd_keys) is F K + Fᵀ K with
 F to bf16 (Fᵀ read from shared memory as a transposed operand, as gluon_dqkwg reads Pᵀ).
 The inverse's backward runs on the tensor cores in bf16: T is bf16 already (exact), dT and
 Tᵀ dT enter as high and low bf16 halves (~2⁻¹⁶ relative, finer than the Triton kernel's tf32);
-dg's reverse cumsums are gluon_dqkwg's product with a constant triangular tile. So dK, dβ
+dg's reverse cumsums are gluon_dqkwg's product with a constant triangular operand
+(gluon_ring.gate_bwd_rows). So dK, dβ
 and dg are not the Triton kernel's bits (dV, the same product and rounding, came out equal
 in every comparison); tests/test_gluon_wu_bwd.py bounds both against the same math in fp64.
 
@@ -60,13 +67,17 @@ from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.chunk_index import sm_count
 from gdn_fused.kernels.gluon_ring import (CHUNK, HEAD_DIM, LOAD_REGS, LOAD_WARPS,
                                           accumulator_layout, check_heads, check_operands,
-                                          chunk_gates, decay, descriptor_layout, dg_of,
-                                          gate_bwd_product, ring_barriers, ring_buffers, tile_bytes)
+                                          chunk_gates, decay, descriptor_layout, dg_of_rows,
+                                          gate_bwd_rows, gate_bwd_stage, ring_barriers,
+                                          ring_buffers, tile_bytes)
 
 TILE = [CHUNK, CHUNK]  # every TMA box: 64 rows, 64 columns of 128 B (K, V = two boxes)
-STAGES = 2
-# the compute warpgroup and the producer warp (padded to 4): 8 warps, one CTA an SM
-MAXNREG = 240
+# Two CTAs an SM, each with one stage, as gluon_dqkwg: a second CTA's chain fills the first's
+# waits; 13 tiles of 8 KB and the scratch fit the 113 KB a CTA then has
+CTAS_PER_SM = 2
+STAGES = 1
+# the compute warpgroup and the producer warp (padded to 4): 8 warps, 256 threads a CTA
+MAXNREG = 65536 // (CTAS_PER_SM * 256)
 
 
 @gluon.jit
@@ -155,13 +166,14 @@ def _split(x, a_op: gl.constexpr):
 
 
 @gluon.jit
-def _compute(bufs, bars, x_tiles, sum_tiles, l_tile, dv_desc, dko_desc, G, beta, dg_part,
-             s_dgp, dbeta, dg, num_groups, NBH, T, H: gl.constexpr, HV: gl.constexpr,
-             K: gl.constexpr, V: gl.constexpr, NKP: gl.constexpr):
-    """The compute warpgroup: this CTA's items j (stage j % STAGES). x_tiles: two [C, C] bf16
-    tiles: dT's halves, then F (in the first), then dK's two halves for their stores;
+def _compute(bufs, bars, sum_tiles, dv_desc, dko_desc, G, beta, dg_part, s_dgp, dbeta, dg,
+             num_groups, NBH, T, stage0, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
+             V: gl.constexpr, NKP: gl.constexpr):
+    """The compute warpgroup: this CTA's items j (stage j % STAGES). The stage's slots carry
+    the item's intermediates once their tiles are read: dV in dV''s, dT's bf16 halves in v's,
+    F in dW's first half, dg's terms (gluon_ring.gate_bwd_stage) in dW's second and T's.
     sum_tiles: the running sum of dK over the value heads of a key head before the last (bf16
-    halves). l_tile is written before the partitions start."""
+    halves), then the last's sum staged for its stores."""
     k_bufs, v_bufs, dw_bufs, du_bufs, dk_bufs, t_bufs = bufs
     ready_early, empty_early, ready_late, empty_late = bars
     BT: gl.constexpr = t_bufs.type.shape[1]
@@ -176,20 +188,21 @@ def _compute(bufs, bars, x_tiles, sum_tiles, l_tile, dv_desc, dko_desc, G, beta,
     o_j = gl.arange(0, BT, layout=cols)
     zero = gl.zeros([BT, BT], gl.float32, acc)
     R: gl.constexpr = HV // H
-    x_a = x_tiles.index(0)
-    x_b = x_tiles.index(1)
     n = _num_items(num_groups, H, HV)
     # the gates, β and dg's partials of an item are loaded during the item before (global
     # loads: their latency would otherwise follow a ring wait that found its stage full)
     valid, b_G, b_beta, b_dg = _row_inputs(G, beta, dg_part, s_dgp, 0, NBH, T, o_t, H, HV, NKP)
     for j in range(n):
         i_b, i_h, i_hv, i_t, r = _item(j, NBH, H, HV)
-        s = j % STAGES
+        # (a stage index the compiler cannot fold: see wu_bwd_gluon_kernel's stage0)
+        s = j % (STAGES + stage0)
         phase = (j // STAGES) & 1
         bos = i_b * T
         row = bos + i_t * BT
         k0 = k_bufs.index(2 * s)
         k1 = k_bufs.index(2 * s + 1)
+        v0 = v_bufs.index(2 * s)
+        v1 = v_bufs.index(2 * s + 1)
         dw0 = dw_bufs.index(2 * s)
         dw1 = dw_bufs.index(2 * s + 1)
         du0 = du_bufs.index(2 * s)
@@ -201,9 +214,8 @@ def _compute(bufs, bars, x_tiles, sum_tiles, l_tile, dv_desc, dko_desc, G, beta,
         # M1 = dW Kᵀ, M2 = dV' Vᵀ, Y = Tᵀ dV' (two halves of V), in flight together
         M1 = warpgroup_mma(dw0, k0.permute((1, 0)), zero, use_acc=False, is_async=True)
         M1 = warpgroup_mma(dw1, k1.permute((1, 0)), M1, is_async=True)
-        M2 = warpgroup_mma(du0, v_bufs.index(2 * s).permute((1, 0)), zero, use_acc=False,
-                           is_async=True)
-        M2 = warpgroup_mma(du1, v_bufs.index(2 * s + 1).permute((1, 0)), M2, is_async=True)
+        M2 = warpgroup_mma(du0, v0.permute((1, 0)), zero, use_acc=False, is_async=True)
+        M2 = warpgroup_mma(du1, v1.permute((1, 0)), M2, is_async=True)
         Y0 = warpgroup_mma(t_t, du0, zero, use_acc=False, is_async=True)
         Y1 = warpgroup_mma(t_t, du1, zero, use_acc=False, is_async=True)
         KK = warpgroup_mma(k0, k0.permute((1, 0)), zero, use_acc=False, is_async=True)
@@ -221,34 +233,31 @@ def _compute(bufs, bars, x_tiles, sum_tiles, l_tile, dv_desc, dko_desc, G, beta,
         gl.thread_barrier()
         du0.store((Y0 * b_beta[:, None]).to(gl.bfloat16))
         du1.store((Y1 * b_beta[:, None]).to(gl.bfloat16))
-        fence_async_shared()
-        gl.thread_barrier()
-        tma.async_copy_shared_to_global(dv_desc, [row, i_hv * V], du0)
-        tma.async_copy_shared_to_global(dv_desc, [row, i_hv * V + BH], du1)
-        # dT (strictly lower, valid rows) into x_tiles as bf16 halves; the previous item's dK
-        # stores (the two before dV's) must have read those tiles
+        # dT (strictly lower, valid rows) as bf16 halves in v's slots (M2 has read them)
         b_bj = gl.convert_layout(b_beta, cols)
         strict = (o_t[:, None] > o_j[None, :]) & valid[:, None]
         dT = gl.where(strict, (M1 * gl.convert_layout(b_eG, cols)[None, :] + M2)
                       * b_bj[None, :], 0.)
-        tma.store_wait(2)
-        gl.thread_barrier()
         d_hi = dT.to(gl.bfloat16)
-        x_a.store(d_hi)
-        x_b.store((dT - d_hi.to(gl.float32)).to(gl.bfloat16))
+        v0.store(d_hi)
+        v1.store((dT - d_hi.to(gl.float32)).to(gl.bfloat16))
         fence_async_shared()
         gl.thread_barrier()
+        tma.async_copy_shared_to_global(dv_desc, [row, i_hv * V], du0)
+        tma.async_copy_shared_to_global(dv_desc, [row, i_hv * V + BH], du1)
         # Tᵀ dT, K Kᵀ and Tᵀ dW's halves (for dK; waited for at the end)
-        Z = warpgroup_mma(t_t, x_a, zero, use_acc=False, is_async=True)
-        Z = warpgroup_mma(t_t, x_b, Z, is_async=True)
+        Z = warpgroup_mma(t_t, v0, zero, use_acc=False, is_async=True)
+        Z = warpgroup_mma(t_t, v1, Z, is_async=True)
         KK, Z = warpgroup_mma_wait(0, deps=[KK, Z])
         z_hi, z_lo = _split(Z, a_op)
         dA = warpgroup_mma(z_hi, t_t, zero, use_acc=False, is_async=True)
         dA = warpgroup_mma(z_lo, t_t, dA, is_async=True)
         X0 = warpgroup_mma(t_t, dw0, zero, use_acc=False, is_async=True)
         X1 = warpgroup_mma(t_t, dw1, zero, use_acc=False, is_async=True)
-        dA = warpgroup_mma_wait(2, deps=[dA])
-        # v and dV' are done with once dV's stores have read their slots
+        # (a register operand stays live to its wait: gluon_ring.gate_bwd_rows)
+        dA, z_hi, z_lo = warpgroup_mma_wait(2, deps=[dA, z_hi, z_lo])
+        # v and dV' are done with once dV's stores have read their slots (and with them every
+        # store before: sum_tiles' last stores too)
         tma.store_wait(0)
         gl.thread_barrier()
         mbarrier.arrive(empty_early.index(s), count=1)
@@ -258,84 +267,74 @@ def _compute(bufs, bars, x_tiles, sum_tiles, l_tile, dv_desc, dko_desc, G, beta,
         E = gl.where(strict, -dA * gl.exp(gl.where(strict, diff, 0.)), 0.)
         Ekk = E * KK
         b_db += gl.sum(Ekk, 1)
-        D = gate_bwd_product(Ekk * b_beta[:, None], l_tile, acc, a_op)
-        # F = diag(β) E once in bf16: F from registers and Fᵀ from x_a (Tᵀ dT's products have
-        # read it)
+        # F = diag(β) E once in bf16: F from registers and Fᵀ from dW's first slot, dg's terms
+        # in dW's second and T's, once Tᵀ dW has read them
         F = (E * b_beta[:, None]).to(gl.bfloat16)
-        x_a.store(F)
+        f_op = gl.convert_layout(F, a_op)
+        X0, X1 = warpgroup_mma_wait(0, deps=[X0, X1])
+        gl.thread_barrier()
+        dw0.store(F)
+        gate_bwd_stage(Ekk * b_beta[:, None], b_a, dw1, t_s, o_j)
         fence_async_shared()
         gl.thread_barrier()
-        f_op = gl.convert_layout(F, a_op)
-        X0, X1 = warpgroup_mma_wait(1, deps=[X0, X1])
         dK0 = X0 * b_bg[:, None] + dk_bufs.index(2 * s).load(acc).to(gl.float32)
         dK0 = warpgroup_mma(f_op, k0, dK0, is_async=True)
-        dK0 = warpgroup_mma(x_a.permute((1, 0)), k0, dK0, is_async=True)
+        dK0 = warpgroup_mma(dw0.permute((1, 0)), k0, dK0, is_async=True)
         dK1 = X1 * b_bg[:, None] + dk_bufs.index(2 * s + 1).load(acc).to(gl.float32)
         dK1 = warpgroup_mma(f_op, k1, dK1, is_async=True)
-        dK1 = warpgroup_mma(x_a.permute((1, 0)), k1, dK1, is_async=True)
+        dK1 = warpgroup_mma(dw0.permute((1, 0)), k1, dK1, is_async=True)
+        D, lt = gate_bwd_rows(dw1, t_s, o_t, o_j, valid, acc, a_op)
         n_valid, n_G, n_beta, n_dg = _row_inputs(G, beta, dg_part, s_dgp,
                                                  gl.minimum(j + 1, n - 1), NBH, T, o_t, H, HV,
                                                  NKP)
-        D, dK0, dK1 = warpgroup_mma_wait(0, deps=[D, dK0, dK1])
+        D, dK0, dK1, f_op, lt = warpgroup_mma_wait(0, deps=[D, dK0, dK1, f_op, lt])
         # k, dW, T and dK's partial are read: every warp past them before the one arrive
         gl.thread_barrier()
         mbarrier.arrive(empty_late.index(s), count=1)
-        b_dg = gl.convert_layout(b_dg, cols) + dg_of(D, b_a, o_t, o_j)
-        gl.store(dg + (row + o_j).to(gl.int64) * HV + i_hv, b_dg.to(dg.dtype.element_ty),
-                 mask=i_t * BT + o_j < T)
+        gl.store(dg + (row + o_t).to(gl.int64) * HV + i_hv,
+                 (b_dg + dg_of_rows(D, o_t, o_j)).to(dg.dtype.element_ty), mask=valid)
         gl.store(dbeta + (row + o_t).to(gl.int64) * HV + i_hv,
                  b_db.to(dbeta.dtype.element_ty), mask=valid)
         # dK summed over the key head's value heads: the running sum (bf16) kept in sum_tiles
-        # until the last, whose sum is staged in x_tiles (F's products have run) and stored
+        # until the last, whose sum is staged there and stored
         if R > 1:
             if r > 0:
                 dK0 += sum_tiles.index(0).load(acc).to(gl.float32)
                 dK1 += sum_tiles.index(1).load(acc).to(gl.float32)
-            if r < R - 1:
-                gl.thread_barrier()
-                sum_tiles.index(0).store(dK0.to(gl.bfloat16))
-                sum_tiles.index(1).store(dK1.to(gl.bfloat16))
+        gl.thread_barrier()
+        sum_tiles.index(0).store(dK0.to(gl.bfloat16))
+        sum_tiles.index(1).store(dK1.to(gl.bfloat16))
         if r == R - 1:
-            x_a.store(dK0.to(gl.bfloat16))
-            x_b.store(dK1.to(gl.bfloat16))
             fence_async_shared()
             gl.thread_barrier()
-            tma.async_copy_shared_to_global(dko_desc, [row, i_h * K], x_a)
-            tma.async_copy_shared_to_global(dko_desc, [row, i_h * K + BH], x_b)
+            tma.async_copy_shared_to_global(dko_desc, [row, i_h * K], sum_tiles.index(0))
+            tma.async_copy_shared_to_global(dko_desc, [row, i_h * K + BH], sum_tiles.index(1))
         valid, b_G, b_beta, b_dg = n_valid, n_G, n_beta, n_dg
     tma.store_wait(0)
 
 
 @gluon.jit
 def wu_bwd_gluon_kernel(k_desc, v_desc, dw_desc, du_desc, dk_desc, t_desc, dv_desc, dko_desc,
-                        G, beta, dg_part, s_dgp, dbeta, dg, num_groups, NBH, T,
+                        G, beta, dg_part, s_dgp, dbeta, dg, num_groups, NBH, T, stage0,
                         H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
                         NKP: gl.constexpr, STAGES: gl.constexpr):
     """Grid (CTAs,): each loops over the (batch row, key head, chunk) groups pid, pid + CTAs,
-    … of num_groups (NBH = B·H), a key head's HV / H value heads in turn."""
+    … of num_groups (NBH = B·H), a key head's HV / H value heads in turn. stage0 is 0, passed
+    at run time as gluon_dqkwg's is (a constant stage index lets LLVM hoist the operands'
+    addresses out of the loop, which spills)."""
     BT: gl.constexpr = t_desc.block_type.shape[0]
     descs = (k_desc, v_desc, dw_desc, du_desc, dk_desc, t_desc)
     # k, v, dW, dV' and dK's partial as two [C, 64] halves a stage, T as one tile
     bufs = (ring_buffers(k_desc, 2 * STAGES), ring_buffers(v_desc, 2 * STAGES),
             ring_buffers(dw_desc, 2 * STAGES), ring_buffers(du_desc, 2 * STAGES),
             ring_buffers(dk_desc, 2 * STAGES), ring_buffers(t_desc, STAGES))
-    x_tiles = gl.allocate_shared_memory(t_desc.dtype, [2, BT, BT], t_desc.layout)
-    sum_tiles = gl.allocate_shared_memory(t_desc.dtype, [2 if HV > H else 1, BT, BT],
-                                          t_desc.layout)
-    # L_jt = [j < t], the constant operand of dg's product, once for every compute warpgroup
-    # (warp_specialize's entry barrier publishes it)
-    l_tile = gl.allocate_shared_memory(t_desc.dtype, [BT, BT], t_desc.layout)
-    acc: gl.constexpr = accumulator_layout(BT)
-    o_t = gl.arange(0, BT, layout=gl.SliceLayout(1, acc))
-    o_j = gl.arange(0, BT, layout=gl.SliceLayout(0, acc))
-    l_tile.store(gl.where(o_t[:, None] < o_j[None, :], 1., 0.).to(gl.bfloat16))
-    fence_async_shared()
+    sum_tiles = gl.allocate_shared_memory(t_desc.dtype, [2, BT, BT], t_desc.layout)
     ready_early, empty_early = ring_barriers(STAGES)
     ready_late, empty_late = ring_barriers(STAGES)
     bars = (ready_early, empty_early, ready_late, empty_late)
     gl.warp_specialize([
-        (_compute, (bufs, bars, x_tiles, sum_tiles, l_tile, dv_desc, dko_desc, G, beta,
-                    dg_part, s_dgp, dbeta, dg, num_groups, NBH, T, H, HV, K, V, NKP)),
+        (_compute, (bufs, bars, sum_tiles, dv_desc, dko_desc, G, beta, dg_part, s_dgp, dbeta,
+                    dg, num_groups, NBH, T, stage0, H, HV, K, V, NKP)),
         (_producer, (descs, bufs, bars, num_groups, NBH, T, H, HV, K, V)),
     ], [LOAD_WARPS], [LOAD_REGS])
 
@@ -348,7 +347,8 @@ def wu_bwd_gluon(k, v, G, beta, Ai, dw, dv2, dk, dg_part, dg_dtype=torch.float32
     k [B, T, H, 128] bf16; v, dv2 (dV') [B, T, HV, 128] bf16; G [B, T, HV] fp64 (chunk_cumsum's
     chunk-local cumsum of g); beta [B, T, HV] (any float dtype); Ai [B, T, HV, 64] bf16 (T);
     dw [B, T, HV, 128] bf16; dk [B, T, HV, 128] bf16 partial (read, not written);
-    dg_part [NKP, B, T, HV] fp32 per-key-block partial dg (summed here). One CTA an SM.
+    dg_part [NKP, B, T, HV] fp32 per-key-block partial dg (summed here). CTAS_PER_SM CTAs an
+    SM.
     Returns (dk [B, T, H, 128] bf16: the completed dK summed over each key head's HV / H value
     heads, dv like v, dbeta like beta, dg [B, T, HV] in ``dg_dtype``). The running sum is
     rounded to bf16 after each value head but the last (group_sum rounds every head's dK
@@ -376,8 +376,8 @@ def wu_bwd_gluon(k, v, G, beta, Ai, dw, dv2, dk, dg_part, dg_dtype=torch.float32
              dv.view(B * T, HV * V), dk_sum.view(B * T, H * K))
     descs = [TensorDescriptor.from_tensor(x, TILE, layout) for x in views]
     num_groups = B * H * triton.cdiv(T, CHUNK)
-    grid = (min(num_groups, sm_count(v.device)),)
+    grid = (min(num_groups, CTAS_PER_SM * sm_count(v.device)),)
     direct.launch(wu_bwd_gluon_kernel, grid, *descs, G, beta, dg_part, dg_part.stride(0), dbeta,
-                  dg, num_groups, B * H, T, H=H, HV=HV, K=K, V=V, NKP=dg_part.shape[0],
+                  dg, num_groups, B * H, T, 0, H=H, HV=HV, K=K, V=V, NKP=dg_part.shape[0],
                   STAGES=STAGES, num_warps=4, maxnreg=MAXNREG)
     return dk_sum, dv, dbeta, dg

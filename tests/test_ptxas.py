@@ -116,26 +116,29 @@ def test_register_operand_hazards_on_a_listing():
     assert len(register_operand_hazards(listing(wgmma, "@!P1 SEL R199, RZ, 0x3f80, !P0"))) == 1
 
 
-def test_dqkwg_gluon_fits_two_ctas_an_sm_and_keeps_its_operands():
-    """The Gluon dq/dk/dw/dg kernel as launched (gluon_dqkwg.CTAS_PER_SM = 2): shared memory
+@pytest.mark.parametrize("name, module", [("chunk_bwd_dqkwg gluon", "gluon_dqkwg"),
+                                          ("wu_bwd gluon", "gluon_wu_bwd")])
+def test_backward_gluon_kernels_fit_two_ctas_an_sm_and_keep_their_operands(name, module):
+    """The backward's chunk-parallel Gluon kernels as launched (CTAS_PER_SM = 2): shared memory
     within half an SM's 228 KB less the 1 KB reserved a CTA, the launch's registers within half
     the register file, and no register of a wgmma's A operand rewritten in flight. Compiled by
     `python -m eval.ptxas` in a process of its own: in this session Triton's jitted helpers
     (gl.sum's combine) were made interpreted functions at import."""
+    import importlib
     import os
     import subprocess
     import sys
 
-    from gdn_fused.kernels.gluon_dqkwg import CTAS_PER_SM, MAXNREG
+    launched = importlib.import_module(f"gdn_fused.kernels.{module}")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-m", "gdn_fused.eval.ptxas", "--kernels",
-                          "chunk_bwd_dqkwg gluon"], capture_output=True, text=True, env=env,
-                         timeout=600)
+    run = subprocess.run([sys.executable, "-m", "gdn_fused.eval.ptxas", "--kernels", name],
+                         capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     head, row = [[c.strip() for c in line.strip("|").split("|")]
                  for line in run.stdout.splitlines() if line.startswith("| ")][:2]
     cells = dict(zip(head, row))
-    assert CTAS_PER_SM == 2
-    assert int(cells["shared B"]) <= 228 * 1024 // CTAS_PER_SM - 1024, cells
-    assert int(cells["registers"]) == MAXNREG and MAXNREG * 256 * CTAS_PER_SM <= 65536, cells
+    ctas, maxnreg = launched.CTAS_PER_SM, launched.MAXNREG
+    assert ctas == 2
+    assert int(cells["shared B"]) <= 228 * 1024 // ctas - 1024, cells
+    assert int(cells["registers"]) == maxnreg and maxnreg * 256 * ctas <= 65536, cells
     assert cells["A-operand hazards"] == "0", run.stdout
