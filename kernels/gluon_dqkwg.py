@@ -265,9 +265,9 @@ def chunk_bwd_dqkwg_gluon_kernel(h_desc, dh_desc, vn_desc, do_desc, dv_desc, q_d
             ring_buffers(vn_desc, STAGES), ring_buffers(do_desc, STAGES),
             ring_buffers(dv_desc, STAGES), ring_buffers(q_desc, STAGES),
             ring_buffers(k_desc, STAGES))
-    # P's tile (read transposed by dK's product, then dg's Z, then dQ's staging tile) and
-    # dW's tile (its staging tile, then dg's Z, then dK's): two tiles, not five (the ring, these
-    # and the layout conversions' scratch take 209 KB of the 227 an SM gives a CTA)
+    # P's tile (read transposed by dK's product, then dQ's staging tile) and dW's staging tile
+    # (then dK's); dg's terms go into q's and k's tiles: the ring, these two and the scratch
+    # take 112.6 KB of the 113 a CTA has at two an SM
     gl.static_assert(BT == BK, "P's tile stages dQ")
     p_tile = gl.allocate_shared_memory(dq_desc.dtype, [BT, BK], dq_desc.layout)
     o_tile = gl.allocate_shared_memory(dq_desc.dtype, [BT, BK], dq_desc.layout)
