@@ -141,6 +141,17 @@ def bench_forward(shapes, bandwidth, fla_chunk, backward, backward_graph=False):
                     finally:
                         (gluon_transposed.MIN_CHUNKS_TO_SPLIT,
                          gluon_transposed.MIN_CHUNKS_TO_SPLIT_CAPTURED) = before
+            if name == "fused" and fused_fwd.uses_warp_specialized(q, v, CHUNK, None) and \
+                    not gluon_transposed.STATE_UPDATE_LO:
+                # A/B in the same run: the chain's state update with D V' as bf16 high and low
+                # halves (gluon_transposed.STATE_UPDATE_LO; more accurate at g = 0, one
+                # product more a chunk step)
+                gluon_transposed.STATE_UPDATE_LO = True
+                try:
+                    row["fused_update_lo_ms"] = forward_ms(name)
+                    row["fused_update_lo_graph_ms"] = graph_ms(call(name))
+                finally:
+                    gluon_transposed.STATE_UPDATE_LO = False
             if (name == "fused" and fused_fwd.uses_warp_specialized(q, v, CHUNK, None)
                     and fused_fwd.inverse_cut(B, T, v.shape[2], q.device, CHUNK)):
                 # A/B in the same run: the whole inverse before forward_t instead of segment

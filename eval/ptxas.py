@@ -328,6 +328,13 @@ def _gluon_transposed_chain_t(output: bool = True, map_pass: bool = False):
     return fn, sig, {**consts, "WU": False, "CHAIN_T": True, "OUT_GROUPS": 2 if output else 1}
 
 
+def _gluon_transposed_chain_t_update_lo():
+    """forward_t (V' on the chain) with the state update's D V' as bf16 high and low halves
+    (gluon_transposed.STATE_UPDATE_LO)."""
+    fn, sig, consts = _gluon_transposed_chain_t()
+    return fn, sig, {**consts, "UPDATE_LO": True}
+
+
 def _gluon_transposed_seg0_end():
     """The first launch of a two-segment split (V' on the chain): the state pass alone over
     segment 0 from h0, its end state stored for segment 1 (SEG0_END)."""
@@ -454,6 +461,8 @@ def _kernels() -> dict:
             _gluon_transposed_wu_checkpoints, dict(num_warps=4, maxnreg=T_MAXNREG_WU)),
         "forward transposed gluon, V' on the chain": (
             _gluon_transposed_chain_t, dict(num_warps=4, maxnreg=T_MAXNREG_2)),
+        "forward transposed gluon, V' on the chain, update hi/lo": (
+            _gluon_transposed_chain_t_update_lo, dict(num_warps=4, maxnreg=T_MAXNREG_2)),
         "forward transposed gluon, V' on the chain, checkpoints": (
             _gluon_transposed_chain_t_checkpoints, dict(num_warps=4, maxnreg=T_MAXNREG_2)),
         "segment 0's end state transposed gluon, V' on the chain": (

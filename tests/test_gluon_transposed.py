@@ -455,18 +455,23 @@ def test_forward_with_w_u_on_chip(B, T, H, HV, gate, segments):
     assert rel_err(o, o_ref) <= 5e-3 and rel_err(ht, ht_ref) <= 5e-3
 
 
-def _chain_form_in_torch(q, k, v, G, beta, Ai, scale, h0):
+def _chain_form_in_torch(q, k, v, G, beta, Ai, scale, h0, round_h=True, round_x=True,
+                         round_update=True):
     """forward_t's chain form (CHAIN_T) in torch with the kernel's roundings, a chunk at a
     time (dense batches whose T is a multiple of 64, or B = 1): h_c = bf16(S); X = bf16(β (V −
     e^G (K h_c))); V' = T X in fp32; S ← e^{G_C} S + Kᵀ bf16(e^{G_C − G} V'); O = scale
     (e^G (Q h_c) + bf16((Q Kᵀ) ⊙ M) bf16(V')). Products of bf16 values accumulate in fp32
     (TF32 off), so it differs from the kernel only in summation order. Returns (o bf16,
-    final state fp32)."""
+    final state fp32). round_h, round_x: False leaves h_c, X in fp32 (what each rounding
+    costs); round_update=False takes e^{G_C − G} V' as its bf16 high and low halves, two
+    products, as the kernel does with STATE_UPDATE_LO."""
     B, T, H, K = q.shape
     HV, V, C = v.shape[2], v.shape[3], 64
     NT = -(-T // C)
     pad = lambda x: torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (0, NT * C - T))  # noqa
     f32 = lambda x: x.to(torch.bfloat16).float()  # noqa: E731 (a bf16 rounding)
+    rh = f32 if round_h else (lambda x: x)  # noqa: E731
+    rx = f32 if round_x else (lambda x: x)  # noqa: E731
     rep = lambda x: x.repeat_interleave(HV // H, dim=2)  # noqa: E731 (GVA)
     qh, kh = pad(rep(q)).float(), pad(rep(k)).float()     # [B, NT·C, HV, K]
     vv, tt = pad(v).float(), pad(Ai).float()
@@ -486,12 +491,14 @@ def _chain_form_in_torch(q, k, v, G, beta, Ai, scale, h0):
             b = tr(bp)[..., 0]
             g_last = g[..., n - 1:n]
             valid = (torch.arange(C, device=q.device) < n)
-            h16 = f32(S)
-            X = f32((Vc - torch.exp(g.float()).unsqueeze(-1) * (Kc @ h16)) * b.unsqueeze(-1))
+            h16 = rh(S)
+            X = rx((Vc - torch.exp(g.float()).unsqueeze(-1) * (Kc @ h16)) * b.unsqueeze(-1))
             Vn = Tc @ X
             decay = torch.where(valid, torch.exp((g_last - g).float()), 0.)
-            S = torch.exp(g_last.float()).unsqueeze(-1) * S + \
-                Kc.transpose(-1, -2) @ f32(Vn * decay.unsqueeze(-1))
+            d = Vn * decay.unsqueeze(-1)
+            S = torch.exp(g_last.float()).unsqueeze(-1) * S + Kc.transpose(-1, -2) @ f32(d)
+            if not round_update:
+                S = S + Kc.transpose(-1, -2) @ f32(d - f32(d))
             incl = torch.tril(torch.ones(C, C, dtype=torch.bool, device=q.device)) & \
                 valid[:, None]
             diff = (g.unsqueeze(-1) - g.unsqueeze(-2)).float()
@@ -524,6 +531,25 @@ def test_chain_form_in_torch_follows_the_recurrence():
             assert rel_err(o_bad, o_ref) > 2e-2
 
 
+def test_chain_form_in_torch_state_error_at_g_zero_is_the_update_rounding():
+    """Where nothing decays (g = 0, 8,192 tokens, H = 2, HV = 4: the case whose final state
+    the Hopper route leaves above issue 4's 3e-3, 3.26e-3 on the H200) the twin lands as far
+    from fp64 as the kernel does, and the update's bf16 rounding of D V' is what puts it
+    there: its high and low halves (gluon_transposed.STATE_UPDATE_LO) bring the state under
+    3e-3 (CPU: 3.27e-3 → 2.44e-3; docs/results/chain_roundings_2026-12-01_s20.log)."""
+    from gdn_fused.kernels.chunk_gate import chunk_cumsum
+    q, k, v, g, beta, h0 = make_inputs(1, 8192, 2, 4, 128, 128, torch.bfloat16, gate="zero",
+                                       initial_state=True)
+    G = chunk_cumsum(g, 64)
+    Ai = _inverse_in_fp64(k, G, beta, 4)
+    o_ref, ht_ref = truth(q, k, v, g, beta, h0, scale=128 ** -0.5)
+    _, ht = _chain_form_in_torch(q, k, v, G, beta, Ai, 128 ** -0.5, h0)
+    _, ht_lo = _chain_form_in_torch(q, k, v, G, beta, Ai, 128 ** -0.5, h0, round_update=False)
+    err, err_lo = rel_err(ht, ht_ref), rel_err(ht_lo, ht_ref)
+    assert 3e-3 < err < 4e-3, err
+    assert err_lo <= 2.7e-3, err_lo
+
+
 def _inverse_in_fp64(k, G, beta, HV, C=64):
     """T = (I + strictLower(D_β (Γ ⊙ K Kᵀ)))⁻¹ of each chunk in fp64, rounded to bf16:
     [B, T, HV, C] with each row's C entries over its chunk's columns."""
@@ -551,21 +577,27 @@ def _inverse_in_fp64(k, G, beta, HV, C=64):
     (1, 8192, 2, 4, "zero"),
     (1, 8192, 2, 4, "normal"),
 ])
-def test_forward_with_v_new_on_the_chain_against_its_torch_twin(B, T, H, HV, gate):
+@pytest.mark.parametrize("update_lo", [False, True])
+def test_forward_with_v_new_on_the_chain_against_its_torch_twin(B, T, H, HV, gate, update_lo,
+                                                                 monkeypatch):
     """forward_t's chain form against the same arithmetic in torch (only summation orders
     differ): within 2e-4 where gates decay (H200: the same bits under strong decay, ≤ 2.6e-5
     otherwise). At g = 0 nothing is forgotten and an ulp flip of a bf16 rounding grows: over
     128 chunks the two land as far from each other as each is from fp64 (H200: 4.2e-3 /
     3.8e-3 for o / state), so there the kernel must be as close to the fp64 recurrence as
-    its twin is (within 25 %)."""
+    its twin is (within 25 %). With the state update's D V' in high and low halves
+    (STATE_UPDATE_LO, the twin's round_update=False) the final state must also be within
+    issue 4's 3e-3 there (the twin on the CPU: 2.44e-3)."""
     _hopper()
+    monkeypatch.setattr(gluon_transposed, "STATE_UPDATE_LO", update_lo)
     q, k, v, g, beta, h0, G, Ai, w, u = forward_intermediates(B, T, H, HV, True, T + HV, gate)
     o, ht = gluon_transposed.forward_t(q, k, v, G, beta, Ai, 0.125, h0, True, segments=1,
                                        t_on_chain=True)
-    o_c, ht_c = _chain_form_in_torch(q, k, v, G, beta, Ai, 0.125, h0)
+    o_c, ht_c = _chain_form_in_torch(q, k, v, G, beta, Ai, 0.125, h0,
+                                     round_update=not update_lo)
     torch.cuda.synchronize()
-    print(f"\n  forward_t V' on the chain {B, T, H, HV, gate} vs its torch twin: o "
-          f"{rel_err(o, o_c):.2e} state {rel_err(ht, ht_c):.2e}")
+    print(f"\n  forward_t V' on the chain {B, T, H, HV, gate}, update hi/lo {update_lo}, vs its "
+          f"torch twin: o {rel_err(o, o_c):.2e} state {rel_err(ht, ht_c):.2e}")
     if gate != "zero":
         assert rel_err(o, o_c) <= 2e-4 and rel_err(ht, ht_c) <= 2e-4
         return
@@ -573,6 +605,8 @@ def test_forward_with_v_new_on_the_chain_against_its_torch_twin(B, T, H, HV, gat
     errs = [rel_err(x, r) for x, r in ((o, o_ref), (ht, ht_ref), (o_c, o_ref), (ht_c, ht_ref))]
     print("  vs fp64: kernel o {:.2e} state {:.2e}, twin o {:.2e} state {:.2e}".format(*errs))
     assert errs[0] <= 1.25 * errs[2] and errs[1] <= 1.25 * errs[3]
+    if update_lo:
+        assert errs[1] <= 3e-3, errs
 
 
 @pytest.mark.gpu
