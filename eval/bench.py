@@ -20,10 +20,12 @@ Writes ``bench.md`` (tables), ``bench.csv`` and ``bench.png`` into --out.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import importlib
 import os
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -118,6 +120,15 @@ def bench_forward(shapes, bandwidth, fla_chunk, backward, backward_graph=False):
 
         def forward_ms(backend):
             return triton.testing.do_bench(call(backend), return_mode="median")
+
+        def fused_with(label, *patches):
+            """fused_<label>_ms and _graph_ms: the fused forward with each (module, name,
+            value) of ``patches`` set for the timing (an A/B in the same run), then restored."""
+            with contextlib.ExitStack() as stack:
+                for module, attr, value in patches:
+                    stack.enter_context(mock.patch.object(module, attr, value))
+                row[f"fused_{label}_ms"] = forward_ms("fused")
+                row[f"fused_{label}_graph_ms"] = graph_ms(call("fused"))
         if fused_fwd.uses_warp_specialized(q, v, CHUNK, None):
             from gdn_fused.kernels import gluon_transposed
         for name in ("fused", "materialized"):
@@ -130,38 +141,20 @@ def bench_forward(shapes, bandwidth, fla_chunk, backward, backward_graph=False):
                                                   sm_count(q.device)) == 2:
                 # A/B in the same run where B·HV admits two segments: never split and always
                 # split (gluon_transposed.MIN_CHUNKS_TO_SPLIT), against the default
-                before = (gluon_transposed.MIN_CHUNKS_TO_SPLIT,
-                          gluon_transposed.MIN_CHUNKS_TO_SPLIT_CAPTURED)
                 for label, threshold in (("unsplit", 10 ** 9), ("split", 1)):
-                    (gluon_transposed.MIN_CHUNKS_TO_SPLIT,
-                     gluon_transposed.MIN_CHUNKS_TO_SPLIT_CAPTURED) = threshold, threshold
-                    try:
-                        row[f"fused_{label}_ms"] = forward_ms(name)
-                        row[f"fused_{label}_graph_ms"] = graph_ms(call(name))
-                    finally:
-                        (gluon_transposed.MIN_CHUNKS_TO_SPLIT,
-                         gluon_transposed.MIN_CHUNKS_TO_SPLIT_CAPTURED) = before
+                    fused_with(label, (gluon_transposed, "MIN_CHUNKS_TO_SPLIT", threshold),
+                               (gluon_transposed, "MIN_CHUNKS_TO_SPLIT_CAPTURED", threshold))
             if name == "fused" and fused_fwd.uses_warp_specialized(q, v, CHUNK, None) and \
                     not gluon_transposed.STATE_UPDATE_LO:
                 # A/B in the same run: the chain's state update with D V' as bf16 high and low
                 # halves (gluon_transposed.STATE_UPDATE_LO; more accurate at g = 0, one
                 # product more a chunk step)
-                gluon_transposed.STATE_UPDATE_LO = True
-                try:
-                    row["fused_update_lo_ms"] = forward_ms(name)
-                    row["fused_update_lo_graph_ms"] = graph_ms(call(name))
-                finally:
-                    gluon_transposed.STATE_UPDATE_LO = False
+                fused_with("update_lo", (gluon_transposed, "STATE_UPDATE_LO", True))
             if (name == "fused" and fused_fwd.uses_warp_specialized(q, v, CHUNK, None)
                     and fused_fwd.inverse_cut(B, T, v.shape[2], q.device, CHUNK)):
                 # A/B in the same run: the whole inverse before forward_t instead of segment
                 # 1's beside segment 0's state pass (kernels/fused_fwd.py, SPLIT_INVERSE)
-                fused_fwd.SPLIT_INVERSE = False
-                try:
-                    row["fused_whole_inverse_ms"] = forward_ms(name)
-                    row["fused_whole_inverse_graph_ms"] = graph_ms(call(name))
-                finally:
-                    fused_fwd.SPLIT_INVERSE = True
+                fused_with("whole_inverse", (fused_fwd, "SPLIT_INVERSE", False))
             if backward:
                 leaves = [x.detach().requires_grad_() for x in (q, k, v, g, beta)]
                 do = torch.randn_like(v)
@@ -175,12 +168,9 @@ def bench_forward(shapes, bandwidth, fla_chunk, backward, backward_graph=False):
                         chunk_bwd.uses_gluon_bwd_state(q, v, CHUNK, None), q, v):
                     # A/B in the same run: the reverse state pass and the recompute one after
                     # the other instead of side by side (kernels/chunk_bwd.py)
-                    chunk_bwd.OVERLAP_RECOMPUTE = False
-                    try:
+                    with mock.patch.object(chunk_bwd, "OVERLAP_RECOMPUTE", False):
                         row["fused_fwdbwd_serial_ms"] = triton.testing.do_bench(
                             fwd_bwd, return_mode="median")
-                    finally:
-                        chunk_bwd.OVERLAP_RECOMPUTE = True
                 if backward_graph:
                     # the same under a CUDA-graph replay: whether a short row's fwd+bwd is
                     # bound by the host (about twenty launches) or by the kernels (opt-in: it
@@ -189,30 +179,21 @@ def bench_forward(shapes, bandwidth, fla_chunk, backward, backward_graph=False):
                 if name == "fused" and chunk_bwd.CHAIN_T:
                     # A/B in the same run: the backward forming W and U (recompute_w_u) instead
                     # of its chain form (kernels/chunk_bwd.py, CHAIN_T)
-                    chunk_bwd.CHAIN_T = False
-                    try:
+                    with mock.patch.object(chunk_bwd, "CHAIN_T", False):
                         row["fused_fwdbwd_w_u_ms"] = triton.testing.do_bench(
                             fwd_bwd, return_mode="median")
                         if backward_graph:
                             row["fused_fwdbwd_w_u_graph_ms"] = graph_ms(fwd_bwd)
-                    finally:
-                        chunk_bwd.CHAIN_T = True
         if uses_state_output_kernel(q, v, CHUNK, None):
             # A/B in the same run: the materialized forward with chunk_state + chunk_output in
             # place of its Gluon state + output kernel
-            os.environ["GDN_STATE_OUTPUT_KERNEL"] = "0"
-            try:
+            with mock.patch.dict(os.environ, GDN_STATE_OUTPUT_KERNEL="0"):
                 row["materialized_tl_ms"] = forward_ms("materialized")
-            finally:
-                del os.environ["GDN_STATE_OUTPUT_KERNEL"]
         if "fused_ms" in row and fused_fwd.uses_warp_specialized(q, v, CHUNK, None):
             # the same A/B for the fused backend: its plain-Triton kernel in place of the
             # warp-specialized route (kernels/fused_fwd.py, WARP_SPECIALIZED)
-            before, fused_fwd.WARP_SPECIALIZED = fused_fwd.WARP_SPECIALIZED, False
-            try:
+            with mock.patch.object(fused_fwd, "WARP_SPECIALIZED", False):
                 row["fused_tl_ms"] = forward_ms("fused")
-            finally:
-                fused_fwd.WARP_SPECIALIZED = before
         if gluon is not None:
             # the experimental three-launch Gluon forward (kernels/gluon_forward.py), forward only
             try:
@@ -709,15 +690,12 @@ def sweep_forward_t(shapes):
         for name, kw in variants.items():
             # the maps row: segment 1's entering state by [M | b] and the composition, as
             # before session 18 (gluon_transposed.SEGMENT0_FROM_H0 off for its timing)
-            gt.SEGMENT0_FROM_H0 = not name.endswith("by maps")
-            try:
+            with mock.patch.object(gt, "SEGMENT0_FROM_H0", not name.endswith("by maps")):
                 o, _ = forward_t(q, k, v, G, beta, Ai, 0.1, h0, True, **kw)
                 o_ref = o if o_ref is None else o_ref
                 fn = lambda: forward_t(q, k, v, G, beta, Ai, 0.1, h0, True, **kw)  # noqa: E731
                 us = 1e3 * triton.testing.do_bench(fn, return_mode="median")
                 graph = 1e3 * triton.testing.do_bench_cudagraph(fn, return_mode="median")
-            finally:
-                gt.SEGMENT0_FROM_H0 = True
             print(f"forward_t B={B} T={T} {name}: {us:.1f} us (graph {graph:.1f}), rel diff "
                   f"of o {rel_diff(o, o_ref):.2e}", flush=True)
         torch.cuda.empty_cache()
