@@ -479,7 +479,7 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS, device="cuda", dtype=t
     ``device``, ``dtype``: the inputs' (a CPU test runs the composition under the interpreter
     with do_bench stubbed)."""
     import triton
-    from gdn_fused.kernels.chunk_bwd import side_by_side
+    from gdn_fused.kernels.streams import side_by_side
     from gdn_fused.kernels.chunk_bwd_dqkwg import chunk_bwd_dqkwg
     from gdn_fused.kernels.chunk_bwd_dv import chunk_bwd_dv_local
     from gdn_fused.kernels.chunk_bwd_state import chunk_bwd_state
@@ -545,7 +545,7 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS, device="cuda", dtype=t
         "chunk_bwd_state transposed gluon": lambda: chunk_bwd_state_t(
             q, k, w, gate_rows, do, dv_local, scale, dht, h0),
         # the Gluon reverse pass and the recompute at the checkpoints, one after the other
-        # and on two streams (chunk_bwd.side_by_side, where the reverse pass leaves SMs idle)
+        # and on two streams (streams.side_by_side, where the reverse pass leaves SMs idle)
         "bwd state gluon, then chunk_state (checkpoints)": lambda: (
             kernels["chunk_bwd_state transposed gluon"](),
             kernels["chunk_state (checkpoints)"]()),

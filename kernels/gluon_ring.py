@@ -4,7 +4,8 @@ the TMA producer, in which one warp streams a chunk's tiles into a ring of share
 stages, a ready/empty mbarrier pair per stage, while the consumer warpgroup works on the
 previous chunk; the ring's buffers and barriers; the program's place in the grid; the
 consumer's accumulator layout and its state tile; the backward's gate terms (decay,
-gate_bwd_stage, gate_bwd_rows, dg_of_rows); operand checks; the tiling (CHUNK, HEAD_DIM).
+gate_bwd_stage, gate_bwd_rows, dg_of_rows); fp32 values as bf16 halves (bf16_halves,
+store_bf16_halves); operand checks; the tiling (CHUNK, HEAD_DIM).
 """
 import functools
 
@@ -129,6 +130,23 @@ def decay(D, valid):
 
 
 @gluon.jit
+def bf16_halves(x):
+    """fp32 x as bf16 high and low halves, hi + lo within ~2⁻¹⁶ of x (relative): a product
+    taking both in turn is as accurate as a tf32 one, and finer."""
+    hi = x.to(gl.bfloat16)
+    return hi, (x - hi.to(gl.float32)).to(gl.bfloat16)
+
+
+@gluon.jit
+def store_bf16_halves(x, hi_tile, lo_tile):
+    """:func:`bf16_halves` of x into two shared-memory tiles (the caller fences and
+    synchronizes before a product reads them)."""
+    hi, lo = bf16_halves(x)
+    hi_tile.store(hi)
+    lo_tile.store(lo)
+
+
+@gluon.jit
 def gate_bwd_stage(b_Z, b_a, hi_tile, lo_tile, o_j):
     """The per-token dg from row terms a and strictly-lower pair terms Z without forming
     cancelling pairs (kernels/chunk_gate_bwd.py) is dg_t = Σ_{i≥t} a_i + Σ_{i≥t} Σ_{j<t} Z_ij:
@@ -138,10 +156,7 @@ def gate_bwd_stage(b_Z, b_a, hi_tile, lo_tile, o_j):
     low halves (~2⁻¹⁷ relative). The caller fences and synchronizes the warpgroup before the
     product reads them."""
     C: gl.constexpr = b_Z.type.shape[1]
-    z = b_Z + gl.where(o_j[None, :] == C - 1, b_a[:, None], 0.)
-    z_hi = z.to(gl.bfloat16)
-    hi_tile.store(z_hi)
-    lo_tile.store((z - z_hi.to(gl.float32)).to(gl.bfloat16))
+    store_bf16_halves(b_Z + gl.where(o_j[None, :] == C - 1, b_a[:, None], 0.), hi_tile, lo_tile)
 
 
 @gluon.jit

@@ -782,14 +782,25 @@ def num_segments(num_seq_heads, num_chunks, sms, min_chunks=None):
     return 2 if fits and num_chunks >= min_chunks else 1
 
 
+def _segment_count(B, NT, HV, device, segments=None):
+    """The segments _launch cuts each sequence of NT chunks into: ``segments`` if given, else
+    :func:`num_segments` at this call's threshold; at most one a chunk."""
+    return min(segments or num_segments(B * HV, NT, sm_count(device),
+                                        min_chunks_to_split(device)), NT)
+
+
+def _segment0_pass(NS):
+    """Whether a launch of NS segments first runs segment 0's state pass alone (SEG0_END)."""
+    return NS == 2 and SEGMENT0_FROM_H0
+
+
 def segment0_chunks(B, T, HV, device, segments=None):
     """Chunks of segment 0 where forward_t (``segments`` as its argument) runs segment 0's
     state pass alone before the main launch (two segments and SEGMENT0_FROM_H0), else 0: the
     chunks whose T that pass reads."""
     NT = triton.cdiv(T, CHUNK)
-    NS = min(segments or num_segments(B * HV, NT, sm_count(device),
-                                      min_chunks_to_split(device)), NT)
-    return triton.cdiv(NT, 2) if NS == 2 and SEGMENT0_FROM_H0 else 0
+    return triton.cdiv(NT, 2) if _segment0_pass(_segment_count(B, NT, HV, device, segments)) \
+        else 0
 
 
 def compose_segment_states(maps, h0, B, HV):
@@ -910,15 +921,14 @@ def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_fina
     gate_block, gate_layout = ((WU_GATE_BLOCK, WU_GATE_LAYOUT) if wu else
                                (DESCRIPTOR_BLOCKS["g"], GATE_LAYOUT))
     descs.append(TensorDescriptor.from_tensor(gate_rows, gate_block, gate_layout))
-    NS = min(segments or num_segments(B * HV, NT, sm_count(q.device),
-                                      min_chunks_to_split(q.device)), NT)
+    NS = _segment_count(B, NT, HV, q.device, segments)
     chain_t = wu and t_on_chain
     consts = dict(H=H, HV=HV, K=K, V=V, NS=NS, STAGES=num_stages, num_warps=4,
                   WU=wu and not chain_t, CHAIN_T=chain_t, UPDATE_LO=STATE_UPDATE_LO)
     cap = MAXNREG_WU if wu and not chain_t else MAXNREG
-    if beside_seg0_end is not None and not (NS == 2 and SEGMENT0_FROM_H0):
+    if beside_seg0_end is not None and not _segment0_pass(NS):
         beside_seg0_end()
-    if NS == 2 and SEGMENT0_FROM_H0:
+    if _segment0_pass(NS):
         # the state entering segment 1: the state pass alone over segment 0 from h0 (V
         # columns), the bits the unsplit pass carries there (slab 0 holds h0 or zeros)
         h_in = q.new_empty(2, B, HV, K, V, dtype=torch.float32)

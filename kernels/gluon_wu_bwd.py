@@ -67,9 +67,10 @@ from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.chunk_index import sm_count
 from gdn_fused.kernels.gluon_ring import (CHUNK, HEAD_DIM, LOAD_REGS, LOAD_WARPS,
                                           accumulator_layout, check_heads, check_operands,
-                                          chunk_gates, decay, descriptor_layout, dg_of_rows,
-                                          gate_bwd_rows, gate_bwd_stage, ring_barriers,
-                                          ring_buffers, tile_bytes)
+                                          bf16_halves, chunk_gates, decay, descriptor_layout,
+                                          dg_of_rows, gate_bwd_rows, gate_bwd_stage,
+                                          ring_barriers, ring_buffers, store_bf16_halves,
+                                          tile_bytes)
 
 TILE = [CHUNK, CHUNK]  # every TMA box: 64 rows, 64 columns of 128 B (K, V = two boxes)
 # Two CTAs an SM, each with one stage, as gluon_dqkwg: a second CTA's chain fills the first's
@@ -159,9 +160,9 @@ def _row_inputs(G, beta, dg_part, s_dgp, u, NBH, T, o_t, H: gl.constexpr,
 
 @gluon.jit
 def _split(x, a_op: gl.constexpr):
-    """fp32 x as bf16 high and low halves in the operand layout ``a_op`` (~2⁻¹⁶ relative)."""
-    hi = x.to(gl.bfloat16)
-    lo = (x - hi.to(gl.float32)).to(gl.bfloat16)
+    """fp32 x as bf16 high and low halves (gluon_ring.bf16_halves) in the operand layout
+    ``a_op``."""
+    hi, lo = bf16_halves(x)
     return gl.convert_layout(hi, a_op), gl.convert_layout(lo, a_op)
 
 
@@ -238,9 +239,7 @@ def _compute(bufs, bars, sum_tiles, dv_desc, dko_desc, G, beta, dg_part, s_dgp, 
         strict = (o_t[:, None] > o_j[None, :]) & valid[:, None]
         dT = gl.where(strict, (M1 * gl.convert_layout(b_eG, cols)[None, :] + M2)
                       * b_bj[None, :], 0.)
-        d_hi = dT.to(gl.bfloat16)
-        v0.store(d_hi)
-        v1.store((dT - d_hi.to(gl.float32)).to(gl.bfloat16))
+        store_bf16_halves(dT, v0, v1)
         fence_async_shared()
         gl.thread_barrier()
         tma.async_copy_shared_to_global(dv_desc, [row, i_hv * V], du0)
