@@ -25,7 +25,7 @@ import triton.language as tl
 from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.chunk_gate import chunk_log_decay, decay
 from gdn_fused.kernels.chunk_index import load_state_tile, state_program
-from gdn_fused.kernels.chunk_state import state_blocks, state_stages
+from gdn_fused.kernels.chunk_state import check_chain_form, state_blocks, state_stages
 
 
 @triton.jit
@@ -110,10 +110,14 @@ def chunk_bwd_state(q, k, w, g, do, dv_local, scale, dht, initial_state, chunk_s
         ``(dh [NT_total, HV, K, V] in k's dtype — gradient of the state leaving each chunk,
         dv2 [B, T, HV, V] in do's dtype — the full ∂L/∂V',
         dh0 [N, HV, K, V] in initial_state's dtype or None)``.
+    Raises:
+        ValueError: with ``beta``, for a w or beta not shaped as T and β of do's heads
+        (chunk_state.check_chain_form).
     """
     B, T, H, K = k.shape
     HV, V = do.shape[2], do.shape[3]
     NT = num_chunks if cu_seqlens is not None else B * triton.cdiv(T, chunk_size)
+    check_chain_form("chunk_bwd_state", w, beta, do, chunk_size)
     dh = k.new_empty(NT, HV, K, V)
     dv2 = torch.zeros_like(do) if cu_seqlens is not None else torch.empty_like(do)
     dh0 = torch.empty_like(initial_state) if initial_state is not None else None

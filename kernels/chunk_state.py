@@ -150,6 +150,18 @@ def new_checkpoints(B: int, T: int, HV: int, K: int, V: int, chunk_size: int,
     return torch.empty(n, B, HV, K, V, dtype=torch.float32, device=device) if n else None
 
 
+def check_chain_form(name, w, beta, values, chunk_size):
+    """ValueError unless, in the chain form (``beta`` given), w is the forward's T [B, T, HV,
+    chunk_size] and beta [B, T, HV] matching ``values`` [B, T, HV, V] (the state passes would
+    read other rows as T and β); W's shape [B, T, HV, K] is the caller's to match otherwise."""
+    if beta is None:
+        return
+    lead = tuple(values.shape[:3])
+    if tuple(beta.shape) != lead or tuple(w.shape) != lead + (chunk_size,):
+        raise ValueError(f"{name}: with beta, w must be T {lead + (chunk_size,)} and beta "
+                         f"{lead}, got w {tuple(w.shape)} and beta {tuple(beta.shape)}")
+
+
 def chunk_state(k, w, u, G, initial_state, output_final_state, chunk_size, num_seqs,
                 cu_seqlens=None, chunk_offsets=None, num_chunks=None, dot_precision="ieee",
                 block_v=None, checkpoints=None, segment_chunks=None, beta=None, **launch):
@@ -167,12 +179,14 @@ def chunk_state(k, w, u, G, initial_state, output_final_state, chunk_size, num_s
     from initial_state). Dense input needs exactly cdiv(chunks, segment_chunks) − 1 of them;
     packed input as many as its longest sequence needs (not checked: the lengths are on the
     device; a shorter sequence ignores its later ones). ValueError for another shape, dtype
-    or device, a count that does not fit, or a segment_chunks that is not a positive int.
+    or device, a count that does not fit, or a segment_chunks that is not a positive int;
+    with ``beta``, for a w or beta not shaped as T and β of u's heads (:func:`check_chain_form`).
     block_v: value columns per program, overriding :func:`state_blocks`; launch: num_warps,
     num_stages (launch sweeps)."""
     B, T, H, K = k.shape
     HV, V = u.shape[2], u.shape[3]
     NT = num_chunks if cu_seqlens is not None else B * triton.cdiv(T, chunk_size)
+    check_chain_form("chunk_state", w, beta, u, chunk_size)
     h = k.new_empty(NT, HV, K, V)
     v_new = torch.empty_like(u)
     ht = k.new_empty(num_seqs, HV, K, V, dtype=torch.float32) if output_final_state else None

@@ -127,6 +127,20 @@ def test_checkpoints_of_another_shape_raise():
                 3 if seg else 6, *good.shape[1:]), segment_chunks=seg)
 
 
+def test_chain_form_operands_of_another_shape_raise():
+    """In the chain form the state passes read w as T and beta as β: W in T's place, or a β of
+    other heads, raises before any launch (both passes)."""
+    from gdn_fused.kernels.chunk_bwd_state import chunk_bwd_state
+    case = CASES[0]
+    (k, Ai, v, G, h0, beta), (N, offsets, idx, _) = state_pass(case, chain_t=True)
+    W = torch.zeros(*v.shape[:3], k.shape[3])
+    for w, b in ((W, beta), (Ai, beta[..., :1]), (Ai[:, :-1], beta)):
+        with pytest.raises(ValueError, match="with beta"):
+            chunk_state(k, w, v, G, h0, False, C, N, beta=b)
+        with pytest.raises(ValueError, match="with beta"):
+            chunk_bwd_state(k, k, w, G, v, v, 0.1, None, h0, C, N, beta=b)
+
+
 def test_checkpoint_count_where_the_unsplit_pass_leaves_sms_idle():
     """B·HV = 32 at K = V = 128 is 128 programs for 132 SMs: a checkpoint every 64 chunks; at
     B·HV = 64 (256 programs) none; none for a sequence of 64 chunks or fewer."""
