@@ -85,8 +85,9 @@ default ``T_ON_CHAIN``) the chain forms V' itself, by the algebra of the plain f
 one product more on the chain (Xᵀ Tᵀ, 4 k-steps: Sᵀ Kᵀ replaces Sᵀ Wᵀ), and no W/U
 warpgroup, which leaves the registers for two output warpgroups (166 KB of shared memory,
 chain 232 registers, 48 B of spill stores and 60 of loads; 96 / 172 with the checkpoint
-stores of a training forward, in their branch once every 64 chunks). Measured on the H200 (eval.bench --sweep forward_t,
-docs/results/sweep_forward_t_chain_2026-12-01_s18.log): a chunk step unsplit 2.19 → 1.92 µs;
+stores of a training forward, in their branch once every 64 chunks). Measured on the H200
+(eval.bench --sweep forward_t, docs/results/sweep_forward_t_chain_2026-12-01_s18.log): a
+chunk step unsplit 2.19 → 1.92 µs;
 (1, 32768) split 1,060 → 866–871 µs, (8, 4096) 647 → 539–561, (32, 2048) 1,337 →
 1,135–1,139. The chain alone steps in 1.21 µs (0.95 reading W and U from HBM, 1.63 beside a
 W/U warpgroup): a fourth role lengthened the chain's step by more than its own products, as
