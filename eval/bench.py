@@ -145,11 +145,13 @@ def bench_forward(shapes, bandwidth, fla_chunk, backward, backward_graph=False):
                     fused_with(label, (gluon_transposed, "MIN_CHUNKS_TO_SPLIT", threshold),
                                (gluon_transposed, "MIN_CHUNKS_TO_SPLIT_CAPTURED", threshold))
             if name == "fused" and fused_fwd.uses_warp_specialized(q, v, CHUNK, None) and \
-                    not gluon_transposed.STATE_UPDATE_LO:
-                # A/B in the same run: the chain's state update with D V' as bf16 high and low
-                # halves (gluon_transposed.STATE_UPDATE_LO; more accurate at g = 0, one
-                # product more a chunk step)
-                fused_with("update_lo", (gluon_transposed, "STATE_UPDATE_LO", True))
+                    gluon_transposed.STATE_UPDATE_LO:
+                # A/B in the same run: the chain's state update with D V' as one bf16 product
+                # everywhere, and as its high and low halves in every chunk (what a head that
+                # keeps its state, γ > STATE_UPDATE_LO_ABOVE, costs; these inputs' chunks
+                # forget theirs, so the default takes one product)
+                fused_with("hi_only", (gluon_transposed, "STATE_UPDATE_LO", False))
+                fused_with("lo_every_chunk", (gluon_transposed, "STATE_UPDATE_LO_ABOVE", -1.0))
             if (name == "fused" and fused_fwd.uses_warp_specialized(q, v, CHUNK, None)
                     and fused_fwd.inverse_cut(B, T, v.shape[2], q.device, CHUNK)):
                 # A/B in the same run: the whole inverse before forward_t instead of segment

@@ -1,8 +1,13 @@
 """Inputs for the hard regimes every path is tested in, and the error measure.
 
 Gates: "normal" g = logsigmoid(N(0,1)); "zero" g = 0 exactly; "strong" g ~ U[-70, -30]
-(decay to exp(-4480) within a chunk); "spike" g = -90 at each chunk's first token, 0 elsewhere.
+(decay to exp(-4480) within a chunk); "spike" g = -90 at each chunk's first token, 0 elsewhere;
+"mixed" each value head's g constant, ln(γ)/chunk_size with γ, its decay over a chunk, cycling
+through 1, 0.6, 0.4, 0.1 across the heads (heads that keep their state beside heads that
+forget it: the chunk-wise choices of gluon_transposed.STATE_UPDATE_LO_ABOVE).
 """
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -25,6 +30,9 @@ def make_inputs(B, T, H, HV, K, V, dtype=torch.float32, gate="normal", beta="uni
     elif gate == "spike":
         g = torch.zeros(B, T, HV)
         g[:, ::chunk_size] = -90.
+    elif gate == "mixed":
+        gammas = torch.tensor([1., 0.6, 0.4, 0.1]).repeat(HV)[:HV]
+        g = (gammas.log() / chunk_size).expand(B, T, HV).clone()
     else:
         raise ValueError(gate)
     b = torch.zeros(B, T, HV) if beta == "zero" else torch.rand(B, T, HV, generator=gen)

@@ -324,15 +324,18 @@ def _gluon_transposed_wu_checkpoints():
 def _gluon_transposed_chain_t(output: bool = True, map_pass: bool = False):
     """forward_t with V' formed on the chain from T and v (CHAIN_T): the ring as with WU, no
     W/U warpgroup; two output warpgroups on alternate chunks when it has the output."""
+    from gdn_fused.kernels.gluon_transposed import STATE_UPDATE_LO, STATE_UPDATE_LO_ABOVE
     fn, sig, consts = _gluon_transposed_wu(output, map_pass)
-    return fn, sig, {**consts, "WU": False, "CHAIN_T": True, "OUT_GROUPS": 2 if output else 1}
+    return fn, sig, {**consts, "WU": False, "CHAIN_T": True, "OUT_GROUPS": 2 if output else 1,
+                     "UPDATE_LO": STATE_UPDATE_LO, "LO_ABOVE": STATE_UPDATE_LO_ABOVE}
 
 
-def _gluon_transposed_chain_t_update_lo():
-    """forward_t (V' on the chain) with the state update's D V' as bf16 high and low halves
-    (gluon_transposed.STATE_UPDATE_LO)."""
+def _gluon_transposed_chain_t_update(lo: bool, lo_above: float = -1.0):
+    """forward_t (V' on the chain) with the state update's D V' as one bf16 product (lo
+    False) or its high and low halves in every chunk (gluon_transposed.STATE_UPDATE_LO,
+    lo_above < 0), for comparison with the shipped form (the low half where γ > 1/2)."""
     fn, sig, consts = _gluon_transposed_chain_t()
-    return fn, sig, {**consts, "UPDATE_LO": True}
+    return fn, sig, {**consts, "UPDATE_LO": lo, "LO_ABOVE": lo_above}
 
 
 def _gluon_transposed_seg0_end():
@@ -461,8 +464,12 @@ def _kernels() -> dict:
             _gluon_transposed_wu_checkpoints, dict(num_warps=4, maxnreg=T_MAXNREG_WU)),
         "forward transposed gluon, V' on the chain": (
             _gluon_transposed_chain_t, dict(num_warps=4, maxnreg=T_MAXNREG_2)),
-        "forward transposed gluon, V' on the chain, update hi/lo": (
-            _gluon_transposed_chain_t_update_lo, dict(num_warps=4, maxnreg=T_MAXNREG_2)),
+        "forward transposed gluon, V' on the chain, update hi only": (
+            lambda: _gluon_transposed_chain_t_update(False), dict(num_warps=4,
+                                                                  maxnreg=T_MAXNREG_2)),
+        "forward transposed gluon, V' on the chain, update hi/lo every chunk": (
+            lambda: _gluon_transposed_chain_t_update(True), dict(num_warps=4,
+                                                                 maxnreg=T_MAXNREG_2)),
         "forward transposed gluon, V' on the chain, checkpoints": (
             _gluon_transposed_chain_t_checkpoints, dict(num_warps=4, maxnreg=T_MAXNREG_2)),
         "segment 0's end state transposed gluon, V' on the chain": (

@@ -419,6 +419,24 @@ def _state_tile_t(ptr, i_n, i_hv, i_v, HV: gl.constexpr, K: gl.constexpr, V: gl.
 
 
 @gluon.jit
+def _add_low_half(S, d, d_op, k_buf, a_k: gl.constexpr):
+    """Adds (d − bf16(d))ᵀ K, the low half of the update's d = D V' ([BV, C] fp32; k_buf the
+    chunk's [C, K] keys), to Sᵀ whose product with bf16(d) (register operand d_op) is in
+    flight (STATE_UPDATE_LO), and returns Sᵀ once both have retired."""
+    # bf16(d) again, in fp32, by an asm the compiler cannot merge with the caller's rounding.
+    # Taken from that bf16 tensor, the compiler converts d one element at a time (F2F and
+    # PRMT, not F2FP's pairs) before the caller's branch, for both sides: H200, session 21,
+    # the branch cost +7.5 % at (1, 32768) where it was never taken; with the asm +0.9 %
+    hi = gl.inline_asm_elementwise(
+        "{ .reg .b16 t; cvt.rn.bf16.f32 t, $1; cvt.f32.bf16 $0, t; }", "=f,f", [d],
+        dtype=gl.float32, is_pure=True, pack=1)
+    l_op = gl.convert_layout((d - hi).to(gl.bfloat16), a_k)
+    S = warpgroup_mma(l_op, k_buf, S, is_async=True)
+    S, d_op, l_op = warpgroup_mma_wait(num_outstanding=0, deps=[S, d_op, l_op])
+    return S
+
+
+@gluon.jit
 def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv_ready,
                      sv_empty, wu_ready, h0, ht, T, c0, n, i_n, i_hv, i_v, i_seg,
                      HV: gl.constexpr, K: gl.constexpr, SW: gl.constexpr,
@@ -426,7 +444,7 @@ def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_b
                      HANDOFF: gl.constexpr, MAP: gl.constexpr, NS: gl.constexpr,
                      WU: gl.constexpr, checkpoints, CKPT_EVERY: gl.constexpr,
                      CHAIN_T: gl.constexpr = False, SEG0_END: gl.constexpr = False,
-                     UPDATE_LO: gl.constexpr = False):
+                     UPDATE_LO: gl.constexpr = False, LO_ABOVE: gl.constexpr = -1.0):
     """The state recurrence (w_bufs / u_bufs: the ring's W and U tiles, or with WU the W/U
     warpgroup's, ready on wu_ready; with CHAIN_T the ring's T and v tiles, from which the
     chain forms V'ᵀ = (Vᵀ − Sᵀ Kᵀ D_{e^G}) D_β Tᵀ itself); HANDOFF: hand h_c and V' to the
@@ -506,16 +524,24 @@ def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_b
         d16 = d.to(gl.bfloat16)
         d_op = gl.convert_layout(d16, a_k)
         S = warpgroup_mma(d_op, k_bufs.index(s), S * gam, is_async=True)
-        if UPDATE_LO:
-            # the low half of D V' too (STATE_UPDATE_LO)
-            l_op = gl.convert_layout((d - d16.to(gl.float32)).to(gl.bfloat16), a_k)
-            S = warpgroup_mma(l_op, k_bufs.index(s), S, is_async=True)
         if HANDOFF:
             vn_bufs.index(s).permute((1, 0)).store(vn.to(gl.bfloat16))  # V', while it runs
+        # the low half of D V' too where the chunk keeps more than LO_ABOVE of the state
+        # (STATE_UPDATE_LO); each branch waits for its products, so no accumulator in flight
+        # leaves one (S_c: the state after the wait). The first product is issued before the
+        # branch, as with one product alone, its issue interleaved with d's conversion (the
+        # whole update inside each branch issued it after the conversion: +3 % at (1, 32768)
+        # where no chunk took the low half, against +0.9 % this way)
         if UPDATE_LO:
-            S, d_op, l_op = warpgroup_mma_wait(num_outstanding=0, deps=[S, d_op, l_op])
+            if LO_ABOVE < 0:
+                S_c = _add_low_half(S, d, d_op, k_bufs.index(s), a_k)
+            elif gam > LO_ABOVE:
+                S_c = _add_low_half(S, d, d_op, k_bufs.index(s), a_k)
+            else:
+                S_c, d_op = warpgroup_mma_wait(num_outstanding=0, deps=[S, d_op])
         else:
-            S, d_op = warpgroup_mma_wait(num_outstanding=0, deps=[S, d_op])
+            S_c, d_op = warpgroup_mma_wait(num_outstanding=0, deps=[S, d_op])
+        S = S_c
         # h_c and V' are read by wgmma (the async proxy): fence, then all four warps, then
         # arrive. (Without a hand-off the fence only orders the generic read of u before the
         # stage's TMA refill, which the empty barrier already does, as CUTLASS's consumer
@@ -558,7 +584,8 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
                                 checkpoints=None, CKPT_EVERY: gl.constexpr = 0,
                                 CHAIN_T: gl.constexpr = False,
                                 SEG0_END: gl.constexpr = False,
-                                UPDATE_LO: gl.constexpr = False):
+                                UPDATE_LO: gl.constexpr = False,
+                                LO_ABOVE: gl.constexpr = -1.0):
     """Grid (SW / BV, B·HV, segments). MAP: the state pass alone over the K + V columns of
     [M | b] from [I | 0] (SW = K + V) for segments 0 … NS − 2, each stored to ht's segment
     slab; else the pass with the output over segment i_seg (SW = V), starting from h0's
@@ -576,7 +603,8 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
     NS = 2, grid axis 2 of size 1, neither MAP nor OUTPUT): the state pass alone over
     segment 0 from h0's slab 0, its end state stored to ht's slab 1 (the state entering
     segment 1, as the unsplit pass carries it). UPDATE_LO: the state update takes D V' as
-    its bf16 high and low halves (STATE_UPDATE_LO)."""
+    its bf16 high and low halves (STATE_UPDATE_LO) in the chunks that keep more than
+    LO_ABOVE of the state (γ = e^{G_C} > LO_ABOVE; every chunk where LO_ABOVE < 0)."""
     gl.static_assert(not (CHAIN_T and WU), "CHAIN_T replaces the W/U warpgroup")
     gl.static_assert(not SEG0_END or (NS == 2 and not MAP and not OUTPUT),
                      "SEG0_END: the state pass alone over segment 0 of two")
@@ -674,7 +702,7 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
                                 sv_ready, sv_empty, wu_ready, h0, ht, T, c0, n, i_n, i_hv,
                                 i_v, i_seg, HV, K, SW, USE_INITIAL_STATE, STORE_FINAL_STATE,
                                 HANDOFF, MAP, NS, WU, checkpoints, CKPT_EVERY, CHAIN_T,
-                                SEG0_END, UPDATE_LO)),
+                                SEG0_END, UPDATE_LO, LO_ABOVE)),
             (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                  sv_ready, sv_empty, o_smem, o_desc, o, scale, T, c0,
                                  n if HANDOFF else 0, i_n, i_hv, i_v, HV, V, STORE_H, h, 0, 1,
@@ -694,7 +722,7 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
                                 sv_ready, sv_empty, sv_ready, h0, ht, T, c0, n, i_n, i_hv,
                                 i_v, i_seg, HV, K, SW, USE_INITIAL_STATE, STORE_FINAL_STATE,
                                 HANDOFF, MAP, NS, WU, checkpoints, CKPT_EVERY, CHAIN_T,
-                                SEG0_END, UPDATE_LO)),
+                                SEG0_END, UPDATE_LO, LO_ABOVE)),
             (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                  sv_ready, sv_empty, o_smem, o_desc, o, scale, T, c0,
                                  n, i_n, i_hv, i_v, HV, V, STORE_H, h, 0, 2, Q_REGS, None,
@@ -713,7 +741,7 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
                                 sv_ready, sv_empty, sv_ready, h0, ht, T, c0, n, i_n, i_hv,
                                 i_v, i_seg, HV, K, SW, USE_INITIAL_STATE, STORE_FINAL_STATE,
                                 HANDOFF, MAP, NS, WU, checkpoints, CKPT_EVERY, CHAIN_T,
-                                SEG0_END, UPDATE_LO)),
+                                SEG0_END, UPDATE_LO, LO_ABOVE)),
             (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                  sv_ready, sv_empty, o_smem, o_desc, o, scale, T, c0,
                                  n if HANDOFF else 0, i_n, i_hv, i_v, HV, V, STORE_H, h, 0, 1,
@@ -746,14 +774,25 @@ WU_GATE_LAYOUT = gl.NVMMASharedLayout.get_default_for(WU_GATE_BLOCK, gl.float64)
 MIN_CHUNKS_TO_SPLIT = 256
 MIN_CHUNKS_TO_SPLIT_CAPTURED = 128
 # The chain's state update Sᵀ ← e^{G_C} Sᵀ + (D V')ᵀ K with D V' as its bf16 high and low
-# halves (two products, not one). That rounding of D V' is what binds the final state's error
-# where nothing decays: tests/test_gluon_transposed.py's torch twin of the chain form, g = 0
-# over 8,192 tokens, state 3.27e-3 → 2.44e-3 against fp64 (issue 4's bound: 3e-3; o 3.98e-3 →
-# 3.46e-3), where the other two roundings (S for K S, X before T X) are worth less
-# (`chain_roundings_2026-12-01_s20.log`). Its cost is four wgmma and ~117 SASS instructions
-# more a chain step (760 → 877, eval.ptxas row "…, update hi/lo"), not yet timed: off until it
-# is (GDN_STATE_UPDATE_LO=1 turns it on; eval.bench times both).
-STATE_UPDATE_LO = os.environ.get("GDN_STATE_UPDATE_LO", "0") == "1"
+# halves (two products, not one) in the chunks that keep more than STATE_UPDATE_LO_ABOVE of
+# the state (γ = e^{G_C}). That rounding of D V' is what binds the final state's error where
+# little decays: at g = 0 over 8,192 tokens (H = 2, HV = 4) the state is 3.26e-3 from fp64
+# with one product, 2.45e-3 with both (H200; issue 4's bound is 3e-3; o 4.00e-3 → 3.47e-3),
+# as tests/test_gluon_transposed.py's torch twin of the chain form predicts
+# (`chain_roundings_2026-12-01_s20.log`, `twin_update_lo_2026-12-01_s21.log`). In every chunk
+# the low half costs 9–18 % of the forward (H200, session 21: 0.972 → 1.095 ms at (1, 32768)
+# as a graph): its product is 512 tensor-core cycles on the chain's critical path. But where
+# a chunk decays, the errors left in earlier updates are damped by it: with the low half
+# taken wherever γ > 1/2, each rounding error that stays is multiplied by ≤ 1/2 at every
+# later chunk that leaves its low half out, so they sum to at most twice one chunk's. The
+# twin at constant γ (`update_lo_threshold_2026-12-01_s21.log`), one product: state 3.27e-3
+# at γ = 1, 2.94e-3 at 0.9, 2.58e-3 at 0.5, 2.44e-3 at 0.2; with the rule ≤ 2.58e-3 at every
+# γ. So a head that decays strongly (γ ≤ 1/2: |g| > 0.011 a token) pays the branch only
+# (+0–1.3 % where no chunk takes it: `bench_final_fwd_2026-12-01_s21`), one that barely
+# decays pays the product. GDN_STATE_UPDATE_LO=0 leaves it out everywhere (A/B timing).
+STATE_UPDATE_LO = os.environ.get("GDN_STATE_UPDATE_LO", "1") == "1"
+# (< 0: the low half in every chunk)
+STATE_UPDATE_LO_ABOVE = 0.5
 # Two segments: the state entering segment 1 from the state pass alone over segment 0 from h0
 # (SEG0_END: V columns, the unsplit bits, no composition) instead of [M | b] from [I | 0]
 # and the fp64 composition (session 18; False: the maps, for A/B timing)
@@ -925,7 +964,10 @@ def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_fina
     NS = _segment_count(B, NT, HV, q.device, segments)
     chain_t = wu and t_on_chain
     consts = dict(H=H, HV=HV, K=K, V=V, NS=NS, STAGES=num_stages, num_warps=4,
-                  WU=wu and not chain_t, CHAIN_T=chain_t, UPDATE_LO=STATE_UPDATE_LO)
+                  WU=wu and not chain_t, CHAIN_T=chain_t,
+                  # (the fused forward's form only: the W/U forms stay the bits of the Triton
+                  # state pass they stand in for)
+                  UPDATE_LO=STATE_UPDATE_LO and chain_t, LO_ABOVE=STATE_UPDATE_LO_ABOVE)
     cap = MAXNREG_WU if wu and not chain_t else MAXNREG
     if beside_seg0_end is not None and not _segment0_pass(NS):
         beside_seg0_end()
