@@ -152,6 +152,14 @@ def bench_forward(shapes, bandwidth, fla_chunk, backward, backward_graph=False):
                 # forget theirs, so the default takes one product)
                 fused_with("hi_only", (gluon_transposed, "STATE_UPDATE_LO", False))
                 fused_with("lo_every_chunk", (gluon_transposed, "STATE_UPDATE_LO_ABOVE", -1.0))
+                # and the default where every chunk takes the low half through its branch
+                # (g = 0: γ = 1; the time only, these gates' outputs are not compared)
+                g_zero = torch.zeros_like(g)
+                zero = lambda: chunk_gated_delta_rule(  # noqa: E731
+                    q, k, v, g_zero, beta, initial_state=h0, output_final_state=True,
+                    backend="fused")
+                row["fused_g_zero_ms"] = triton.testing.do_bench(zero, return_mode="median")
+                row["fused_g_zero_graph_ms"] = graph_ms(zero)
             if (name == "fused" and fused_fwd.uses_warp_specialized(q, v, CHUNK, None)
                     and fused_fwd.inverse_cut(B, T, v.shape[2], q.device, CHUNK)):
                 # A/B in the same run: the whole inverse before forward_t instead of segment

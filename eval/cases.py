@@ -4,9 +4,9 @@ Gates: "normal" g = logsigmoid(N(0,1)); "zero" g = 0 exactly; "strong" g ~ U[-70
 (decay to exp(-4480) within a chunk); "spike" g = -90 at each chunk's first token, 0 elsewhere;
 "mixed" each value head's g constant, ln(γ)/chunk_size with γ, its decay over a chunk, cycling
 through 1, 0.6, 0.4, 0.1 across the heads (heads that keep their state beside heads that
-forget it: the chunk-wise choices of gluon_transposed.STATE_UPDATE_LO_ABOVE).
+forget it: the chunk-wise choices of gluon_transposed.STATE_UPDATE_LO_ABOVE; γ is per
+chunk_size tokens, the kernels' chunk of 64 by default).
 """
-import math
 
 import torch
 import torch.nn.functional as F

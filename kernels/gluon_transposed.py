@@ -96,7 +96,9 @@ subtraction, where the W/U form rounds W and U before it; against fp64, lower wh
 state carries far (at (1, 8192) with g = 0: o 4.54e-3 → 4.00e-3, final state 3.95e-3 →
 3.26e-3; logsigmoid decay state 2.84e-3 → 2.28e-3; strong decay state 2.34e-3 → 1.60e-3),
 within ±0.35e-3 either way in short cases (at (4, 40) the state 2.00e-3 → 2.34e-3;
-docs/fused_design.md, session 18).
+docs/fused_design.md, session 18). Since session 21 the state update takes D V' as high and
+low halves where a chunk keeps more than half of the state (STATE_UPDATE_LO): g = 0 at
+(1, 8192) o 3.47e-3, final state 2.45e-3.
 
 The W/U form (``WU``, ``forward_t(t_on_chain=False)``, the route from session 10 to 17): a
 fourth warpgroup forms each chunk's W and U from T and the ring's k and v (207 KB of shared
@@ -444,7 +446,7 @@ def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_b
                      HANDOFF: gl.constexpr, MAP: gl.constexpr, NS: gl.constexpr,
                      WU: gl.constexpr, checkpoints, CKPT_EVERY: gl.constexpr,
                      CHAIN_T: gl.constexpr = False, SEG0_END: gl.constexpr = False,
-                     UPDATE_LO: gl.constexpr = False, LO_ABOVE: gl.constexpr = -1.0):
+                     UPDATE_LO: gl.constexpr = False, LO_ABOVE: gl.constexpr = 0.5):
     """The state recurrence (w_bufs / u_bufs: the ring's W and U tiles, or with WU the W/U
     warpgroup's, ready on wu_ready; with CHAIN_T the ring's T and v tiles, from which the
     chain forms V'ᵀ = (Vᵀ − Sᵀ Kᵀ D_{e^G}) D_β Tᵀ itself); HANDOFF: hand h_c and V' to the
@@ -585,7 +587,7 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
                                 CHAIN_T: gl.constexpr = False,
                                 SEG0_END: gl.constexpr = False,
                                 UPDATE_LO: gl.constexpr = False,
-                                LO_ABOVE: gl.constexpr = -1.0):
+                                LO_ABOVE: gl.constexpr = 0.5):
     """Grid (SW / BV, B·HV, segments). MAP: the state pass alone over the K + V columns of
     [M | b] from [I | 0] (SW = K + V) for segments 0 … NS − 2, each stored to ht's segment
     slab; else the pass with the output over segment i_seg (SW = V), starting from h0's
@@ -779,17 +781,24 @@ MIN_CHUNKS_TO_SPLIT_CAPTURED = 128
 # little decays: at g = 0 over 8,192 tokens (H = 2, HV = 4) the state is 3.26e-3 from fp64
 # with one product, 2.45e-3 with both (H200; issue 4's bound is 3e-3; o 4.00e-3 → 3.47e-3),
 # as tests/test_gluon_transposed.py's torch twin of the chain form predicts
-# (`chain_roundings_2026-12-01_s20.log`, `twin_update_lo_2026-12-01_s21.log`). In every chunk
-# the low half costs 9–18 % of the forward (H200, session 21: 0.972 → 1.095 ms at (1, 32768)
-# as a graph): its product is 512 tensor-core cycles on the chain's critical path. But where
-# a chunk decays, the errors left in earlier updates are damped by it: with the low half
-# taken wherever γ > 1/2, each rounding error that stays is multiplied by ≤ 1/2 at every
-# later chunk that leaves its low half out, so they sum to at most twice one chunk's. The
-# twin at constant γ (`update_lo_threshold_2026-12-01_s21.log`), one product: state 3.27e-3
-# at γ = 1, 2.94e-3 at 0.9, 2.58e-3 at 0.5, 2.44e-3 at 0.2; with the rule ≤ 2.58e-3 at every
-# γ. So a head that decays strongly (γ ≤ 1/2: |g| > 0.011 a token) pays the branch only
-# (+0–1.3 % where no chunk takes it: `bench_final_fwd_2026-12-01_s21`), one that barely
-# decays pays the product. GDN_STATE_UPDATE_LO=0 leaves it out everywhere (A/B timing).
+# (`chain_roundings_2026-12-01_s20.log`, `twin_update_lo_2026-12-01_s21.log`; over 32,768
+# tokens the twin gives 3.28e-3 → 2.44e-3, `update_lo_twin_t32768_`). In every chunk the low
+# half costs 9–18 % of the forward against one product (H200, session 21, graph: 0.972 →
+# 1.095 ms at (1, 32768)):
+# its product is 512 tensor-core cycles on the chain's critical path. Why only where γ > 1/2:
+# the rounding error of chunk c's D V' reaches the final state through the later chunks'
+# transitions, each of norm ≤ γ_j (exact arithmetic, ‖k‖ = 1, 0 ≤ β ≤ 2: I − βkkᵀ is a
+# contraction). With the low half where γ > 1/2, only the roundings of chunks with γ ≤ 1/2
+# are left, and each later such chunk damps them by ≤ 1/2: their total is at most twice the
+# largest one, instead of growing with the number of chunks. (The other roundings, of h_c, X
+# and the low half itself, are not bounded by this.) Measured, the twin at constant γ
+# (`update_lo_threshold_2026-12-01_s21.log`), one product: state 3.27e-3 at γ = 1, 2.94e-3 at
+# 0.9, 2.58e-3 at 0.5, 2.44e-3 at 0.2; with the rule ≤ 2.58e-3 at those eight γ. A head whose
+# mean |g| a token is above ln 2 / 64 ≈ 0.0108 pays the branch only (+0–1.3 % where no chunk
+# takes it: `bench_final_fwd_2026-12-01_s21`); one that barely decays pays the product, and
+# one such head makes the whole launch pay (its slowest program sets the time).
+# GDN_STATE_UPDATE_LO=0 leaves it out everywhere (A/B timing). The backward's recompute
+# (Triton chunk_state) keeps one product, from checkpoints the forward stored with it.
 STATE_UPDATE_LO = os.environ.get("GDN_STATE_UPDATE_LO", "1") == "1"
 # (< 0: the low half in every chunk)
 STATE_UPDATE_LO_ABOVE = 0.5
