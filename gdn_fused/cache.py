@@ -19,6 +19,9 @@ A layer talks to any cache through three methods (the *layer cache protocol*):
   ``window [B, C, width]`` (after ``update_conv``): the layer sets each row's window to end at
   its last token when a padding mask ends rows early. A cache without it keeps the last
   ``width`` columns, padding included.
+- optionally ``conv_window(layer_idx) -> Tensor | None`` — the stored conv window (a copy
+  where the cache updates it in place): with ``set_conv_window``, a row whose single decode
+  token is padding gets it back unchanged.
 
 :class:`GatedDeltaNetCache` implements it with plain dictionaries, for models built from our
 module. :class:`HFCacheView` implements it over a transformers ``Cache`` (the ``DynamicCache``
@@ -79,6 +82,11 @@ class GatedDeltaNetCache:
         """Store the ``[B, HV, K, V]`` state leaving the layer."""
         self.recurrent_states[layer_idx] = state
 
+    def conv_window(self, layer_idx):
+        """The ``[B, C, width]`` conv window cached for the layer, or None before its first
+        call (the stored tensor itself: ``update_conv`` replaces it, never writes into it)."""
+        return self.conv_states.get(layer_idx)
+
     def set_conv_window(self, layer_idx, window: torch.Tensor) -> None:
         """Replace the conv state stored by the last ``update_conv`` by ``window``."""
         self.conv_states[layer_idx] = window
@@ -110,20 +118,32 @@ class HFCacheView:
     def update_recurrent(self, layer_idx, state: torch.Tensor) -> None:
         self.cache.update_recurrent_state(state, layer_idx)
 
-    def set_conv_window(self, layer_idx, window: torch.Tensor) -> None:
-        """Copy ``window`` into the layer's conv state buffer (in place: CUDA graphs keep its
-        address). Left as Hugging Face wrote it where the cache records its past for rollback
-        (the buffer then holds every input, not a window) or keeps its conv state elsewhere
-        than ``layers[i].conv_states[0]``."""
+    def _conv_buffer(self, layer_idx):
+        """The layer's conv state buffer, or None where the cache records its past for
+        rollback (the buffer then holds every input, not a window) or keeps its conv state
+        elsewhere than ``layers[i].conv_states[0]``."""
         layer = self.cache.layers[layer_idx]
         try:  # a dict by state index in transformers 5.24, a list in 5.17
             state = layer.conv_states[0]
         except (AttributeError, TypeError, KeyError, IndexError):
-            return
-        if getattr(layer, "record_past", False) or not isinstance(state, torch.Tensor) \
-                or state.shape != window.shape:
-            return
-        state.copy_(window)
+            return None
+        if getattr(layer, "record_past", False) or not isinstance(state, torch.Tensor):
+            return None
+        return state
+
+    def conv_window(self, layer_idx):
+        """A copy of the layer's conv window (its buffer is updated in place), or None where
+        there is none to use (:meth:`_conv_buffer`)."""
+        state = self._conv_buffer(layer_idx)
+        return None if state is None else state.clone()
+
+    def set_conv_window(self, layer_idx, window: torch.Tensor) -> None:
+        """Copy ``window`` into the layer's conv state buffer (in place: CUDA graphs keep its
+        address); left as Hugging Face wrote it where :meth:`_conv_buffer` finds none or its
+        shape differs."""
+        state = self._conv_buffer(layer_idx)
+        if state is not None and state.shape == window.shape:
+            state.copy_(window)
 
 
 def as_layer_cache(cache):

@@ -413,14 +413,25 @@ class GatedDeltaNet(nn.Module):
         sequences (cu_seqlens): there padding inside a sequence reads as zeros. With a cache, the
         cached window is then set to each row's last ``conv_size`` inputs up to its last
         token (the previous window for a row without tokens), so a right-padded row continues
-        as the row alone would. (One decode token, T = 1, is appended as it comes: decode is
-        host-bound, and its rows are not padded.)"""
+        as the row alone would. One decode token (T = 1) is appended as it comes, and a row
+        whose token is padding gets its previous window back (one select; the compaction's
+        dozen small launches would lengthen every host-bound decode step; before, the padded
+        step left a zero column in the window: new-user trial, session 21)."""
         if self.conv1d is None:
             return F.silu(qkv)
         B, T, C = qkv.shape
         x = qkv.transpose(1, 2)
+        before = None
+        if keep is not None and T == 1 and layer_cache is not None and \
+                hasattr(layer_cache, "conv_window"):
+            before = layer_cache.conv_window(self.layer_idx)
         if layer_cache is not None:
             x = layer_cache.update_conv(self.layer_idx, x, self.conv_size)
+        if before is not None:
+            after = layer_cache.conv_window(self.layer_idx)
+            if after is not None and after.shape == before.shape:
+                layer_cache.set_conv_window(
+                    self.layer_idx, torch.where(keep[:, :, None], after, before.to(after.dtype)))
         if keep is None or T == 1 or cu_seqlens is not None:
             return causal_short_conv(x, self.conv1d.weight, T, cu_seqlens).transpose(1, 2)
         stream, index = compact_rows(x, keep)

@@ -267,6 +267,28 @@ def test_right_padded_continuation_continues_like_the_row_alone():
                 assert (y_dec[i][b] - y_alone_dec[0]).abs().max().item() < 1e-11, (b, i)
 
 
+def test_padded_decode_token_leaves_the_row_as_it_was():
+    """A single-token step in which one row's token is padding (mask 0), then plain decode:
+    that row equals its tokens run alone, without the padded step, and the other row is
+    untouched (the new-user trial of session 21 found the padded step had appended a zero
+    column to the row's conv window: decode off by 107 %)."""
+    layer = make_layer()
+    x = torch.randn(2, 8, D_MODEL, dtype=torch.float64)
+    steps = torch.randn(2, 3, D_MODEL, dtype=torch.float64)
+    with torch.no_grad():
+        cache = GatedDeltaNetCache()
+        layer(x, past_key_values=cache)
+        y = [layer(steps[:, :1], attention_mask=torch.tensor([[1], [0]]), past_key_values=cache)]
+        y += [layer(steps[:, i:i + 1], past_key_values=cache) for i in (1, 2)]
+        assert (y[0][1] == 0).all()
+        for b, cols in ((0, (0, 1, 2)), (1, (1, 2))):
+            alone = GatedDeltaNetCache()
+            layer(x[b:b + 1], past_key_values=alone)
+            for i in cols:
+                y_alone = layer(steps[b:b + 1, i:i + 1], past_key_values=alone)
+                assert (y[i][b] - y_alone[0]).abs().max().item() < 1e-11, (b, i)
+
+
 def test_padding_inside_a_row_is_taken_out_of_the_conv():
     """Padding anywhere in a row: a left-padded continuation of a cache (batched follow-up
     turns), and padding in the middle of a prompt, each equal to the row's tokens run alone,

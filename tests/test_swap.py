@@ -294,6 +294,29 @@ def test_swap_passes_solver_options_to_the_chunk_op(monkeypatch):
     assert (got - ref).abs().max().item() < LOGIT_ATOL
 
 
+def test_padded_decode_token_in_hf_cache(pair):
+    """Our layer called on its own with HF's cache and a single-token step in which one row's
+    token is padding: it leaves that row's conv window and recurrent state as the prefill
+    left them (the window put back, not shifted by a zero column) and moves the other row's.
+    (HF's models pass no mask to linear attention in decode, so through the model a decode
+    token is never padding.)"""
+    _, _, ours = pair
+    torch.manual_seed(6)
+    with torch.no_grad():
+        cache = output_cache(ours(torch.randint(3, VOCAB, (2, 12)), use_cache=True))
+        i = next(i for i, layer in enumerate(ours.model.layers)
+                 if hasattr(layer, "linear_attn"))
+        layer = ours.model.layers[i].linear_attn
+        before = (cache.layers[i].conv_states[0].clone(),
+                  cache.layers[i].recurrent_states[0].clone())
+        x = torch.randn(2, 1, ours.config.hidden_size)
+        layer(x, attention_mask=torch.tensor([[1], [0]]), **{cache_kwarg(ours): cache})
+        window, state = cache.layers[i].conv_states[0], cache.layers[i].recurrent_states[0]
+        assert torch.equal(window[1], before[0][1]) and torch.equal(state[1], before[1][1])
+        assert not torch.equal(window[0], before[0][0])
+        assert not torch.equal(state[0], before[1][0])
+
+
 def test_right_padded_chunked_prefill_in_hf_cache(pair):
     """A right-padded batch prefilled in two chunks through HF's cache (transformers passes
     the mask with a cached continuation): each row's second-chunk logits equal the row run
