@@ -422,8 +422,8 @@ class GatedDeltaNet(nn.Module):
         B, T, C = qkv.shape
         x = qkv.transpose(1, 2)
         before = None
-        if keep is not None and T == 1 and layer_cache is not None and \
-                hasattr(layer_cache, "conv_window"):
+        if keep is not None and T == 1 and hasattr(layer_cache, "conv_window") and \
+                hasattr(layer_cache, "set_conv_window"):
             before = layer_cache.conv_window(self.layer_idx)
         if layer_cache is not None:
             x = layer_cache.update_conv(self.layer_idx, x, self.conv_size)
