@@ -114,21 +114,22 @@ def bench_forward(shapes, bandwidth, fla_chunk, backward, backward_graph=False):
         q, k, v, g, beta, h0 = make_inputs(B, T)
         row = dict(B=B, T=T, floor_ms=roofline_floor_ms(B, T, bandwidth))
 
-        def call(backend):
-            return lambda: chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0,
+        def call(backend, gates=g):
+            return lambda: chunk_gated_delta_rule(q, k, v, gates, beta, initial_state=h0,
                                                   output_final_state=True, backend=backend)
 
-        def forward_ms(backend):
-            return triton.testing.do_bench(call(backend), return_mode="median")
+        def forward_ms(backend, gates=g):
+            return triton.testing.do_bench(call(backend, gates), return_mode="median")
 
-        def fused_with(label, *patches):
+        def fused_with(label, *patches, gates=g):
             """fused_<label>_ms and _graph_ms: the fused forward with each (module, name,
-            value) of ``patches`` set for the timing (an A/B in the same run), then restored."""
+            value) of ``patches`` set for the timing (an A/B in the same run), then restored;
+            ``gates`` in place of g."""
             with contextlib.ExitStack() as stack:
                 for module, attr, value in patches:
                     stack.enter_context(mock.patch.object(module, attr, value))
-                row[f"fused_{label}_ms"] = forward_ms("fused")
-                row[f"fused_{label}_graph_ms"] = graph_ms(call("fused"))
+                row[f"fused_{label}_ms"] = forward_ms("fused", gates)
+                row[f"fused_{label}_graph_ms"] = graph_ms(call("fused", gates))
         if fused_fwd.uses_warp_specialized(q, v, CHUNK, None):
             from gdn_fused.kernels import gluon_transposed
         for name in ("fused", "materialized"):
@@ -154,12 +155,7 @@ def bench_forward(shapes, bandwidth, fla_chunk, backward, backward_graph=False):
                 fused_with("lo_every_chunk", (gluon_transposed, "STATE_UPDATE_LO_ABOVE", -1.0))
                 # and the default where every chunk takes the low half through its branch
                 # (g = 0: γ = 1; the time only, these gates' outputs are not compared)
-                g_zero = torch.zeros_like(g)
-                zero = lambda: chunk_gated_delta_rule(  # noqa: E731
-                    q, k, v, g_zero, beta, initial_state=h0, output_final_state=True,
-                    backend="fused")
-                row["fused_g_zero_ms"] = triton.testing.do_bench(zero, return_mode="median")
-                row["fused_g_zero_graph_ms"] = graph_ms(zero)
+                fused_with("g_zero", gates=torch.zeros_like(g))
             if (name == "fused" and fused_fwd.uses_warp_specialized(q, v, CHUNK, None)
                     and fused_fwd.inverse_cut(B, T, v.shape[2], q.device, CHUNK)):
                 # A/B in the same run: the whole inverse before forward_t instead of segment

@@ -536,13 +536,14 @@ def _main(argv) -> int:
         r = report_of(compiled, args.arch, **options)
         cells = [name, r["num_warps"], r["registers"], r["spill_stores"], r["stack"], r["shared"]]
         cells += [r["features"][f] for f in HOPPER_FEATURES]
-        hazards = register_operand_hazards(sass(compiled)) if args.arch == 90 else []
+        listing = sass(compiled) if args.arch == 90 else ""
+        hazards = register_operand_hazards(listing)
         cells.append(len(hazards) if args.arch == 90 else "")
         print("| " + " | ".join(map(str, cells)) + " |", flush=True)
         for wgmma, write in hazards:
             print(f"|   hazard: {wgmma} … {write} |", flush=True)
         if args.loops and args.arch == 90:
-            for loop in sass_loops(sass(compiled)):
+            for loop in sass_loops(listing):
                 if loop["instructions"] >= 20:
                     top = sorted(loop["ops"].items(), key=lambda kv: -kv[1])[:8]
                     print(f"|   loop {loop['start']}–{loop['end']}: {loop['instructions']} "

@@ -66,8 +66,8 @@ from gdn_fused.kernels.chunk_index import sm_count
 from gdn_fused.kernels.gluon_ring import (CHUNK, HEAD_DIM, LOAD_REGS, LOAD_WARPS,
                                           accumulator_layout, check_heads, check_operands,
                                           chunk_gates, decay, descriptor_layout, dg_of_rows,
-                                          gate_bwd_rows, gate_bwd_stage, ring_barriers,
-                                          ring_buffers, tile_bytes)
+                                          gate_bwd_rows, gate_bwd_stage, launch_maxnreg,
+                                          ring_barriers, ring_buffers, tile_bytes)
 
 BLOCK_K = 64  # key columns an item: wgmma's N for dq, dk, dw (the chunk's 64 for dM, Q Kᵀ)
 # Two CTAs an SM, each with one stage: the compute warpgroup's chain of waits binds (one CTA
@@ -83,8 +83,7 @@ DESCRIPTOR_BLOCKS = dict(h=[BLOCK_K, HEAD_DIM], dh=[BLOCK_K, HEAD_DIM], v_new=[C
                          do=[CHUNK, HEAD_DIM], dv2=[CHUNK, HEAD_DIM], q=[CHUNK, BLOCK_K],
                          k=[CHUNK, BLOCK_K], dq=[CHUNK, BLOCK_K], dk=[CHUNK, BLOCK_K],
                          dw=[CHUNK, BLOCK_K])
-# the compute warpgroup and the producer warp (padded to 4): 8 warps, 256 threads a CTA
-MAXNREG = 65536 // (CTAS_PER_SM * 256)
+MAXNREG = launch_maxnreg(CTAS_PER_SM)
 
 
 @gluon.jit

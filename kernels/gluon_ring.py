@@ -22,6 +22,13 @@ LOAD_WARPS = gl.constexpr(1)
 LOAD_REGS = gl.constexpr(24)  # the minimum setmaxnreg budget; the producer holds only scalars
 
 
+def launch_maxnreg(ctas_per_sm: int, threads: int = 256) -> int:
+    """Registers a thread at launch for ``ctas_per_sm`` CTAs of ``threads`` threads to share
+    an SM's 64 K registers (the default: a compute warpgroup and the producer warp, padded to
+    a warpgroup); setmaxnreg then moves them between the roles."""
+    return 65536 // (ctas_per_sm * threads)
+
+
 @gluon.constexpr_function
 def tile_bytes(descs):
     """The bytes one chunk's tiles bring: the transaction count its ready barrier waits for."""

@@ -66,19 +66,18 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.chunk_index import sm_count
 from gdn_fused.kernels.gluon_ring import (CHUNK, HEAD_DIM, LOAD_REGS, LOAD_WARPS,
-                                          accumulator_layout, check_heads, check_operands,
-                                          bf16_halves, chunk_gates, decay, descriptor_layout,
+                                          accumulator_layout, bf16_halves, check_heads,
+                                          check_operands, chunk_gates, decay, descriptor_layout,
                                           dg_of_rows, gate_bwd_rows, gate_bwd_stage,
-                                          ring_barriers, ring_buffers, store_bf16_halves,
-                                          tile_bytes)
+                                          launch_maxnreg, ring_barriers, ring_buffers,
+                                          store_bf16_halves, tile_bytes)
 
 TILE = [CHUNK, CHUNK]  # every TMA box: 64 rows, 64 columns of 128 B (K, V = two boxes)
 # Two CTAs an SM, each with one stage, as gluon_dqkwg: a second CTA's chain fills the first's
 # waits; 13 tiles of 8 KB and the scratch fit the 113 KB a CTA then has
 CTAS_PER_SM = 2
 STAGES = 1
-# the compute warpgroup and the producer warp (padded to 4): 8 warps, 256 threads a CTA
-MAXNREG = 65536 // (CTAS_PER_SM * 256)
+MAXNREG = launch_maxnreg(CTAS_PER_SM)
 
 
 @gluon.jit

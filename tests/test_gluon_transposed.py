@@ -542,6 +542,19 @@ def test_chain_form_in_torch_follows_the_recurrence():
             assert rel_err(o_bad, o_ref) > 2e-2
 
 
+def _twin_inputs(T, gate, gamma=None):
+    """The twin's inputs at B = 1, H = 2, HV = 4, K = V = 128, bf16, with an initial state:
+    q, k, v, g, beta, h0, G (chunk-local cumsum) and T (fp64 inverse in bf16); ``gamma``:
+    g = ln γ / 64 a token instead of ``gate``'s."""
+    from gdn_fused.kernels.chunk_gate import chunk_cumsum
+    q, k, v, g, beta, h0 = make_inputs(1, T, 2, 4, 128, 128, torch.bfloat16, gate=gate,
+                                       initial_state=True)
+    if gamma is not None:
+        g = torch.full_like(g, math.log(gamma) / 64)
+    G = chunk_cumsum(g, 64)
+    return q, k, v, g, beta, h0, G, _inverse_in_fp64(k, G, beta, 4)
+
+
 def test_chain_form_in_torch_state_error_at_g_zero_is_the_update_rounding():
     """Where nothing decays (g = 0, 8,192 tokens, H = 2, HV = 4: the case whose final state
     the Hopper route left above issue 4's 3e-3 with one product, 3.26e-3 on the H200) the
@@ -549,11 +562,7 @@ def test_chain_form_in_torch_state_error_at_g_zero_is_the_update_rounding():
     what puts it there: its high and low halves (gluon_transposed.STATE_UPDATE_LO, here every
     chunk has γ = 1) bring the state under 3e-3 (CPU: 3.27e-3 → 2.44e-3;
     docs/results/chain_roundings_2026-12-01_s20.log)."""
-    from gdn_fused.kernels.chunk_gate import chunk_cumsum
-    q, k, v, g, beta, h0 = make_inputs(1, 8192, 2, 4, 128, 128, torch.bfloat16, gate="zero",
-                                       initial_state=True)
-    G = chunk_cumsum(g, 64)
-    Ai = _inverse_in_fp64(k, G, beta, 4)
+    q, k, v, g, beta, h0, G, Ai = _twin_inputs(8192, "zero")
     o_ref, ht_ref = truth(q, k, v, g, beta, h0, scale=128 ** -0.5)
     _, ht = _chain_form_in_torch(q, k, v, G, beta, Ai, 128 ** -0.5, h0)
     _, ht_lo = _chain_form_in_torch(q, k, v, G, beta, Ai, 128 ** -0.5, h0,
@@ -572,12 +581,7 @@ def test_chain_form_in_torch_low_half_only_where_the_state_is_kept(gamma):
     state stays ≤ 2.7e-3 from fp64 (CPU: 1.84e-3 at 0.6 with the low half, 2.57e-3 at 0.4
     without; update_lo_threshold_2026-12-01_s21.log), and the rule is what it says: the same
     bits as the low half everywhere above 1/2 and as one product below."""
-    from gdn_fused.kernels.chunk_gate import chunk_cumsum
-    q, k, v, g, beta, h0 = make_inputs(1, 8192, 2, 4, 128, 128, torch.bfloat16, gate="zero",
-                                       initial_state=True)
-    g = torch.full_like(g, math.log(gamma) / 64)
-    G = chunk_cumsum(g, 64)
-    Ai = _inverse_in_fp64(k, G, beta, 4)
+    q, k, v, g, beta, h0, G, Ai = _twin_inputs(8192, "zero", gamma)
     _, ht_ref = truth(q, k, v, g, beta, h0, scale=128 ** -0.5)
     form = lambda lo_above: _chain_form_in_torch(q, k, v, G, beta, Ai,  # noqa: E731
                                                  128 ** -0.5, h0, lo_above=lo_above)[1]
@@ -591,11 +595,7 @@ def test_chain_form_in_torch_low_half_per_head():
     ("mixed", T = 2048: whole chunks, as a partial last chunk's γ is its own, e.g. 0.4^{1/4}
     over 16 tokens) the heads above 1/2 have the bits of the low half everywhere, those below
     the bits of one product, and the two differ in every head."""
-    from gdn_fused.kernels.chunk_gate import chunk_cumsum
-    q, k, v, g, beta, h0 = make_inputs(1, 2048, 2, 4, 128, 128, torch.bfloat16, gate="mixed",
-                                       initial_state=True)
-    G = chunk_cumsum(g, 64)
-    Ai = _inverse_in_fp64(k, G, beta, 4)
+    q, k, v, g, beta, h0, G, Ai = _twin_inputs(2048, "mixed")
     form = {a: _chain_form_in_torch(q, k, v, G, beta, Ai, 0.125, h0, lo_above=a)[1]
             for a in (gluon_transposed.STATE_UPDATE_LO_ABOVE, -1.0, math.inf)}
     rule = form[gluon_transposed.STATE_UPDATE_LO_ABOVE]
