@@ -652,12 +652,13 @@ def sweep_forward_t(shapes):
     if forward_t is None:
         return
     from gdn_fused.kernels import gluon_transposed as gt
-    from gdn_fused.kernels.chunk_gate import chunk_cumsum
+    from gdn_fused.kernels.chunk_gate import chunk_cumsum, gate_rows_from
     from gdn_fused.kernels.kkt_solve import kkt_solve_from_k
     from gdn_fused.kernels.wu import recompute_w_u
     for B, T in shapes:
         q, k, v, g, beta, h0 = make_inputs(B, T)
         G, rows = chunk_cumsum(g, CHUNK, gate_rows=[beta])
+        rows_c = gate_rows_from(G, [beta], chain_rows=True)   # V' on the chain
         Ai = kkt_solve_from_k(k, G, beta, HV, CHUNK, torch.bfloat16)
         w, u = recompute_w_u(k, v, G, beta, Ai, dot_precision="tf32")
         rows_g = gt._gate_rows([G], B, T, HV)
@@ -674,9 +675,9 @@ def sweep_forward_t(shapes):
             "chain + two output warpgroups, W and U from HBM": lambda: gt._launch(
                 q, k, w, u, rows_g, 0.1, h0, True, True, stages, 1, False, output_groups=2),
             "chain forming V' from T and v": lambda: gt._launch(
-                q, k, Ai, v, rows, 0.1, h0, True, False, stages, 1, True, t_on_chain=True),
+                q, k, Ai, v, rows_c, 0.1, h0, True, False, stages, 1, True, t_on_chain=True),
             "chain forming V' + two output warpgroups (forward_t)": lambda: gt._launch(
-                q, k, Ai, v, rows, 0.1, h0, True, True, stages, 1, True, t_on_chain=True,
+                q, k, Ai, v, rows_c, 0.1, h0, True, True, stages, 1, True, t_on_chain=True,
                 output_groups=2),
         }
         for name, fn in roles.items():

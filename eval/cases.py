@@ -11,6 +11,9 @@ chunk_size tokens, the kernels' chunk of 64 by default).
 import torch
 import torch.nn.functional as F
 
+# "mixed": each value head's decay over a chunk, γ = e^{G_C}, cycling across the heads
+MIXED_GAMMAS = (1., 0.6, 0.4, 0.1)
+
 
 def make_inputs(B, T, H, HV, K, V, dtype=torch.float32, gate="normal", beta="uniform",
                 initial_state=False, num_seqs=None, device="cpu", seed=0, chunk_size=64):
@@ -31,7 +34,7 @@ def make_inputs(B, T, H, HV, K, V, dtype=torch.float32, gate="normal", beta="uni
         g = torch.zeros(B, T, HV)
         g[:, ::chunk_size] = -90.
     elif gate == "mixed":
-        gammas = torch.tensor([1., 0.6, 0.4, 0.1]).repeat(HV)[:HV]
+        gammas = torch.tensor(MIXED_GAMMAS).repeat(HV)[:HV]
         g = (gammas.log() / chunk_size).expand(B, T, HV).clone()
     else:
         raise ValueError(gate)

@@ -139,7 +139,7 @@ def _time_pieces(B, T, profile):
     Ai = chunk_inverse(k, G, beta, v.shape[2], 64, torch.bfloat16)
     x = v.view(B * T, -1)
     HV = v.shape[2]
-    G, rows = chunk_cumsum(g, 64, gate_rows=[beta])
+    G, rows = chunk_cumsum(g, 64, gate_rows=[beta], chain_rows=gluon_transposed.T_ON_CHAIN)
     op_args = (q, k, v, g, beta, scale, h0, True, None, 64, 0, True, 0, 0, 0, None, True)
     fla_chunk, _ = load_fla()
     pieces = {
@@ -166,8 +166,10 @@ def _time_pieces(B, T, profile):
         "_warp_specialized_fwd, Triton's JIT launches": lambda: _jit_launches(
             lambda: fused_fwd._warp_specialized_fwd(q, k, v, g, beta, scale, h0, True, 64)),
         "chunk_cumsum": lambda: chunk_cumsum(g, 64),
-        "chunk_cumsum with gate rows": lambda: chunk_cumsum(g, 64, gate_rows=[beta]),
-        "_gate_rows": lambda: gluon_transposed._gate_rows([G, beta], B, T, HV),
+        "chunk_cumsum with gate rows": lambda: chunk_cumsum(
+            g, 64, gate_rows=[beta], chain_rows=gluon_transposed.T_ON_CHAIN),
+        "gate rows laid out from G": lambda: gluon_transposed._rows_given_or_laid_out(
+            "forward_t", None, [G, beta], B, T, HV, chain_rows=gluon_transposed.T_ON_CHAIN),
         "chunk_inverse": lambda: chunk_inverse(k, G, beta, HV, 64, torch.bfloat16),
         "forward_t given the rows": lambda: gluon_transposed.forward_t(
             q, k, v, G, beta, Ai, scale, h0, True, gate_rows=rows),
@@ -249,7 +251,7 @@ def launch_breakdown(B, T):
     q, k, v, g, beta, h0 = make_inputs(B, T)
     HV = v.shape[2]
     with torch.no_grad(), mock.patch.object(materialized, "MIN_TOKENS_STATE_OUTPUT_KERNEL", 0):
-        G, rows = chunk_cumsum(g, 64, gate_rows=[beta])
+        G, rows = chunk_cumsum(g, 64, gate_rows=[beta], chain_rows=gluon_transposed.T_ON_CHAIN)
         Ai = chunk_inverse(k, G, beta, HV, 64, torch.bfloat16)
         print(dict(B=B, T=T, piece="get_device_capability", host_ms=round(_host_ms(
             lambda: torch.cuda.get_device_capability(q.device)), 4)), flush=True)

@@ -324,8 +324,10 @@ def _gluon_transposed_wu_checkpoints():
 def _gluon_transposed_chain_t(output: bool = True, map_pass: bool = False):
     """forward_t with V' formed on the chain from T and v (CHAIN_T): the ring as with WU, no
     W/U warpgroup; two output warpgroups on alternate chunks when it has the output."""
-    from gdn_fused.kernels.gluon_transposed import STATE_UPDATE_LO, STATE_UPDATE_LO_ABOVE
+    from gdn_fused.kernels.gluon_transposed import (CHAIN_GATE_BLOCK, CHAIN_GATE_LAYOUT,
+                                                    STATE_UPDATE_LO, STATE_UPDATE_LO_ABOVE)
     fn, sig, consts = _gluon_transposed_wu(output, map_pass)
+    sig["g_desc"] = tensordesc("fp64", CHAIN_GATE_BLOCK, CHAIN_GATE_LAYOUT)
     return fn, sig, {**consts, "WU": False, "CHAIN_T": True, "OUT_GROUPS": 2 if output else 1,
                      "UPDATE_LO": STATE_UPDATE_LO, "LO_ABOVE": STATE_UPDATE_LO_ABOVE}
 

@@ -48,6 +48,41 @@ def decay(b_D, valid):
 
 
 @triton.jit
+def store_gate_rows(rows, b_G, beta, i_b, i_t, seqlen, T, i_hv, HV: tl.constexpr,
+                    BT: tl.constexpr, ROWS: tl.constexpr):
+    """Chunk i_t's gate rows of head (i_b, i_hv) from its G [C] fp64 (sequence length seqlen,
+    dense batches of T tokens): the layout the Gluon state kernels read by TMA
+    (gluon_transposed._gate_rows), zero past the sequence end. ROWS 1: G; 2: G, β; 4 (the
+    chain rows of forward_t; a TMA box's rows are a power of two): G, then six fp32 rows
+    packed in three fp64 rows — β, e^G, the state update's decay e^{G_C − G}, γ = e^{G_C}
+    in each entry, two of zeros — the per-step gate math the chain otherwise redoes from G
+    (the same fp64 differences and fp32 exponentials, so the same bits)."""
+    NTC = tl.cdiv(T, BT) * BT
+    o_i = tl.arange(0, BT)
+    valid = i_t * BT + o_i < seqlen
+    p_row = rows + (i_b * HV + i_hv) * ROWS * NTC + i_t * BT + o_i
+    tl.store(p_row, tl.where(valid, b_G, 0.))
+    if ROWS > 1:
+        b_beta = tl.load(beta + (i_b * T + i_t * BT + o_i) * HV + i_hv, mask=valid, other=0.)
+        if ROWS == 2:
+            tl.store(p_row + NTC, b_beta.to(tl.float64))
+        else:
+            # fp64 row r's entries of chunk i_t are fp32 entries [2·i_t·C, 2·i_t·C + 2C) of
+            # that row: two fp32 rows of C a chunk
+            p32 = (rows + (i_b * HV + i_hv) * ROWS * NTC).to(tl.pointer_type(tl.float32),
+                                                             bitcast=True)
+            p32 += 2 * i_t * BT + o_i
+            G_last = tl.sum(tl.where(o_i == tl.minimum(seqlen - i_t * BT, BT) - 1, b_G, 0.), 0)
+            tl.store(p32 + 2 * NTC, b_beta.to(tl.float32))
+            tl.store(p32 + 2 * NTC + BT, decay(b_G, valid))
+            tl.store(p32 + 4 * NTC, decay(G_last - b_G, valid))
+            tl.store(p32 + 4 * NTC + BT, tl.zeros([BT], tl.float32) +
+                     tl.exp(G_last.to(tl.float32)))
+            tl.store(p32 + 6 * NTC, tl.zeros([BT], tl.float32))
+            tl.store(p32 + 6 * NTC + BT, tl.zeros([BT], tl.float32))
+
+
+@triton.jit
 def chunk_cumsum_kernel(g, G, beta, rows, cu_seqlens, chunk_indices, T, HV: tl.constexpr,
                         BT: tl.constexpr, IS_VARLEN: tl.constexpr, ROWS: tl.constexpr):
     i_t, i_hv, _, bos, seqlen = chunk_head_program(T, cu_seqlens, chunk_indices, HV, HV, BT,
@@ -56,27 +91,46 @@ def chunk_cumsum_kernel(g, G, beta, rows, cu_seqlens, chunk_indices, T, HV: tl.c
     p_G = tl.make_block_ptr(G + bos * HV + i_hv, (seqlen,), (HV,), (i_t * BT,), (BT,), (0,))
     tl.store(p_G, b_G, boundary_check=(0,))
     if ROWS > 0:
-        # dense batches only (bos = i_b · T): the gate rows of the Gluon state kernels
-        # (gluon_transposed._gate_rows' layout), zero past the sequence end
-        NTC = tl.cdiv(T, BT) * BT
-        o_i = tl.arange(0, BT)
-        valid = i_t * BT + o_i < seqlen
-        p_row = rows + ((bos // T) * HV + i_hv) * ROWS * NTC + i_t * BT + o_i
-        tl.store(p_row, tl.where(valid, b_G, 0.))
-        if ROWS == 2:
-            b_beta = tl.load(beta + (bos + i_t * BT + o_i) * HV + i_hv, mask=valid, other=0.)
-            tl.store(p_row + NTC, b_beta.to(tl.float64))
+        # dense batches only (bos = i_b · T)
+        store_gate_rows(rows, b_G, beta, bos // T, i_t, seqlen, T, i_hv, HV, BT, ROWS)
+
+
+@triton.jit
+def gate_rows_kernel(G, beta, rows, T, HV: tl.constexpr, BT: tl.constexpr,
+                     ROWS: tl.constexpr):
+    """The gate rows of a dense batch from G itself (store_gate_rows)."""
+    i_t, i_hv, _, bos, seqlen = chunk_head_program(T, None, None, HV, HV, BT, False)
+    o_i = tl.arange(0, BT)
+    b_G = tl.load(G + (bos + i_t * BT + o_i) * HV + i_hv, mask=i_t * BT + o_i < seqlen,
+                  other=0.)
+    store_gate_rows(rows, b_G, beta, bos // T, i_t, seqlen, T, i_hv, HV, BT, ROWS)
+
+
+def _row_count(fn, g, gate_rows, chain_rows):
+    """R, the rows a head (1 + len(gate_rows), or 4 for the chain rows), and beta (contiguous
+    or None); ValueError for a list other than [] or [beta] with beta shaped as g, and for
+    chain_rows without beta."""
+    if len(gate_rows) > 1:
+        raise ValueError(f"{fn}: gate_rows takes [] or [beta], got {len(gate_rows)} tensors")
+    if chain_rows and not gate_rows:
+        raise ValueError(f"{fn}: chain_rows needs gate_rows=[beta]")
+    # the kernel indexes beta as g's dense [B, T, HV] (HF passes strided slices)
+    beta = gate_rows[0].contiguous() if gate_rows else None
+    if beta is not None and beta.shape != g.shape:
+        raise ValueError(f"{fn}: beta {tuple(beta.shape)} is not g's {tuple(g.shape)}")
+    return (4 if chain_rows else 1 + len(gate_rows)), beta
 
 
 def chunk_cumsum(g, chunk_size, cu_seqlens=None, chunk_indices=None, num_chunks=None,
-                 gate_rows=None):
+                 gate_rows=None, chain_rows=False):
     """g [B, T, HV] (any float dtype) -> G [B, T, HV] fp64, cumulated within each chunk.
 
     gate_rows: None, or a list of the gate tensors after G itself — [] or [beta] ([B, T, HV],
     any float dtype) — whose rows the Gluon state kernels read by TMA
     (kernels/gluon_transposed.py, _gate_rows: [B·HV·R, ⌈T/C⌉·C] fp64, R = 1 + len(gate_rows),
     zero past T; the Gluon kernels read them at chunk_size 64) to write in the same launch;
-    dense batches only (ValueError with cu_seqlens, or a beta not shaped as g). Returns G, or
+    chain_rows (with [beta]): R = 4, the rows forward_t's chain reads (store_gate_rows).
+    Dense batches only (ValueError with cu_seqlens, or a beta not shaped as g). Returns G, or
     (G, rows) with gate_rows. The rows cost the host a launch's worth of torch ops less than
     _gate_rows (session 11, eval.host_time)."""
     B, T, HV = g.shape
@@ -87,17 +141,20 @@ def chunk_cumsum(g, chunk_size, cu_seqlens=None, chunk_indices=None, num_chunks=
         if cu_seqlens is not None:
             raise ValueError("chunk_cumsum: gate_rows are laid out for dense batches; got "
                              "cu_seqlens")
-        if len(gate_rows) > 1:
-            raise ValueError(f"chunk_cumsum: gate_rows takes [] or [beta], got "
-                             f"{len(gate_rows)} tensors")
-        R = 1 + len(gate_rows)
-        # the kernel indexes beta as g's dense [B, T, HV] (HF passes strided slices)
-        beta = gate_rows[0].contiguous() if gate_rows else None
-        if beta is not None and beta.shape != g.shape:
-            raise ValueError(f"chunk_cumsum: beta {tuple(beta.shape)} is not g's "
-                             f"{tuple(g.shape)}")
+        R, beta = _row_count("chunk_cumsum", g, gate_rows, chain_rows)
         rows = G.new_empty(B * HV * R, NT * chunk_size)
     direct.launch(chunk_cumsum_kernel, chunk_head_grid(NT, B, HV), g, G, beta, rows,
                   cu_seqlens, chunk_indices, T, HV=HV, BT=chunk_size,
                   IS_VARLEN=cu_seqlens is not None, ROWS=R)
     return G if gate_rows is None else (G, rows)
+
+
+def gate_rows_from(G, gate_rows, chain_rows=False, chunk_size=64):
+    """The rows chunk_cumsum(g, chunk_size, gate_rows=gate_rows, chain_rows=chain_rows)
+    writes beside G, from G [B, T, HV] fp64 itself (dense batches); ValueError as there."""
+    B, T, HV = G.shape
+    R, beta = _row_count("gate_rows_from", G, gate_rows, chain_rows)
+    rows = G.new_empty(B * HV * R, triton.cdiv(T, chunk_size) * chunk_size)
+    direct.launch(gate_rows_kernel, chunk_head_grid(triton.cdiv(T, chunk_size), B, HV),
+                  G.contiguous(), beta, rows, T, HV=HV, BT=chunk_size, ROWS=R)
+    return rows

@@ -504,7 +504,7 @@ def _warp_specialized_fwd(q, k, v, g, beta, scale, initial_state, output_final_s
     (o, final state or an empty tensor, T, checkpoints or an empty tensor): with
     ``for_backward``, the states the backward's recompute starts its segments from
     (chunk_state.new_checkpoints; none where B·HV fills the GPU)."""
-    from gdn_fused.kernels.gluon_transposed import forward_t
+    from gdn_fused.kernels.gluon_transposed import T_ON_CHAIN, forward_t
     from gdn_fused.kernels.kkt_solve import default_inverse_dtype
     from gdn_fused.kernels.materialized import gates_and_inverse
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
@@ -516,7 +516,7 @@ def _warp_specialized_fwd(q, k, v, g, beta, scale, initial_state, output_final_s
         # on the SMs its programs leave idle. B = 1: a segment's rows are a contiguous slice
         from gdn_fused.kernels.chunk_gate import chunk_cumsum
         from gdn_fused.kernels.gluon_kkt_solve import kkt_solve_from_k_gluon
-        G, rows = chunk_cumsum(g, chunk_size, gate_rows=[beta])
+        G, rows = chunk_cumsum(g, chunk_size, gate_rows=[beta], chain_rows=T_ON_CHAIN)
         Ai = torch.empty(B, T, HV, chunk_size, dtype=default_inverse_dtype(q.dtype),
                          device=q.device)
 
@@ -530,7 +530,7 @@ def _warp_specialized_fwd(q, k, v, g, beta, scale, initial_state, output_final_s
     else:
         G, Ai, rows = gates_and_inverse(k, g, beta, HV, chunk_size,
                                         default_inverse_dtype(q.dtype), {},
-                                        gate_rows=[beta])  # dense
+                                        gate_rows=[beta], chain_rows=T_ON_CHAIN)  # dense
     checkpoints = new_checkpoints(B, T, HV, q.shape[3], V, chunk_size, q.device) \
         if for_backward else None
     o, ht = forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state,

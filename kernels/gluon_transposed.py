@@ -131,9 +131,10 @@ from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.gluon_ring import (CHUNK, HEAD_DIM, LOAD_REGS, LOAD_WARPS,
                                           accumulator_layout, descriptor_layout, load_ring,
                                           ring_barriers, ring_buffers, ring_program)
+from gdn_fused.kernels.chunk_gate import gate_rows_from
 from gdn_fused.kernels.chunk_index import sm_count
 from gdn_fused.kernels.chunk_state import SEGMENT_CHUNKS, checkpoint_slabs
-from gdn_fused.kernels.gluon_wu import _sum
+from gdn_fused.kernels.gluon_wu import _max, _sum
 from gdn_fused.kernels import streams
 
 BV = 64  # value rows of Sᵀ a program: wgmma's M, one warpgroup
@@ -179,8 +180,9 @@ VARIANT_KEYS = frozenset({"Q_REGS", "OUT_REGS_TWO", "O_BUFFERS", "P_ON_WU"})
 
 @gluon.jit
 def _gate_row(g_bufs, s, row: gl.constexpr):
-    """Row ``row`` of stage s's gate tile as a [C] view: the tile is [1, C] (G) or, with W and U
-    formed on chip, [2, C] (G, then β)."""
+    """Row ``row`` of stage s's gate tile as a [C] view: the tile is [1, C] (G), with W and U
+    formed on chip [2, C] (G, then β), with V' on the chain [4, C] (G, then the chain rows
+    read by :func:`_chain_rows`)."""
     ROWS: gl.constexpr = g_bufs.type.shape[1]
     BT: gl.constexpr = g_bufs.type.shape[2]
     # flat rows are the tile's bytes only while its layout is unswizzled (fp64 [2, C] is)
@@ -194,6 +196,24 @@ def _gate_row(g_bufs, s, row: gl.constexpr):
         g = g_bufs._reinterpret(gl.float64, [g_bufs.type.shape[0] * ROWS, BT], flat)
         g = g.index(s * ROWS + row)
     return g
+
+
+@gluon.jit
+def _chain_rows(g_bufs, s, layout: gl.constexpr):
+    """(β, e^G, decay, γ) of stage s's chain-row tile (CHAIN_GATE_BLOCK, as
+    chunk_gate.store_gate_rows writes it): fp32 [C] vectors in ``layout`` and γ = e^{G_C}
+    a scalar; decay and e^G are 0 past T."""
+    ROWS: gl.constexpr = g_bufs.type.shape[1]
+    BT: gl.constexpr = g_bufs.type.shape[2]
+    gl.static_assert(ROWS == 4 and g_bufs.type.layout.swizzle_byte_width == 0)
+    # the unswizzled fp64 [4, C] tile as eight fp32 rows: G's two halves, β, e^G, decay, γ,
+    # two unused
+    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+    f = g_bufs._reinterpret(gl.float32, [g_bufs.type.shape[0] * ROWS * 2, BT], flat)
+    base = s * ROWS * 2 + 2
+    # γ fills its row: any entry is it (the max is the exact value)
+    return (f.index(base).load(layout), f.index(base + 1).load(layout),
+            f.index(base + 2).load(layout), _max(f.index(base + 3).load(layout), 0))
 
 
 @gluon.jit
@@ -498,12 +518,14 @@ def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_b
             st_bufs.index(s).store(s16)  # h_c for the output warpgroup, while W S runs
         # the chunk's gates from the ring (no global load: the step's proxy fence would wait
         # for it)
-        b_G = _gate_row(g_bufs, s, 0).load(gl.SliceLayout(0, acc_t))
-        decay, gam = _chunk_decay(b_G, i_t, T, o_c)
         if CHAIN_T:
-            # β is 0 past T (the gate rows are zero-padded): those columns drop out of Tᵀ
-            b_beta = _gate_row(g_bufs, s, 1).load(gl.SliceLayout(0, acc_t)).to(gl.float32)
-            e_G = gl.exp(b_G.to(gl.float32))
+            # formed by chunk_cumsum (session 22: from the fp64 G row here they were ~20 % of
+            # the step's stall samples on the H200 — fp64 loads, F2F, DADD, MUFU); β is 0
+            # past T: those columns drop out of Tᵀ
+            b_beta, e_G, decay, gam = _chain_rows(g_bufs, s, gl.SliceLayout(0, acc_t))
+        else:
+            b_G = _gate_row(g_bufs, s, 0).load(gl.SliceLayout(0, acc_t))
+            decay, gam = _chunk_decay(b_G, i_t, T, o_c)
         # register operands stay live (deps) until the products reading them have retired
         X, s_op = warpgroup_mma_wait(num_outstanding=0, deps=[X, s_op])
         # (u read before the wait: ptxas then spills with two output warpgroups and the
@@ -635,10 +657,10 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
     # W's ring column: w's head, or T's (C columns a value head)
     if WU or CHAIN_T:
         w_col = i_hv * BT
-        g_row = 2 * (i_n * HV + i_hv)
     else:
         w_col = i_hv * K
-        g_row = i_n * HV + i_hv
+    # the head's first gate row: a box's rows a head (G; G, β; G and the chain rows)
+    g_row = g_desc.block_type.shape[0] * (i_n * HV + i_hv)
     k_bufs = ring_buffers(k_desc, STAGES)
     w_bufs = ring_buffers(w_desc, STAGES)
     u_bufs = ring_buffers(u_desc, STAGES)
@@ -760,6 +782,9 @@ GATE_LAYOUT = gl.NVMMASharedLayout.get_default_for([1, CHUNK], gl.float64)
 # with W and U on chip: the gate tensor's rows come in pairs (G, β), one [2, C] box a chunk
 WU_GATE_BLOCK = [2, CHUNK]
 WU_GATE_LAYOUT = gl.NVMMASharedLayout.get_default_for(WU_GATE_BLOCK, gl.float64)
+# with V' on the chain: G and the chain rows (chunk_gate.store_gate_rows, ROWS = 4)
+CHAIN_GATE_BLOCK = [4, CHUNK]
+CHAIN_GATE_LAYOUT = gl.NVMMASharedLayout.get_default_for(CHAIN_GATE_BLOCK, gl.float64)
 
 
 # Chunks a sequence needs before it is cut in two. H200, B = 1, HV = 32 (eval logs
@@ -917,17 +942,21 @@ def _check_groups(name, arg, groups, num_stages):
                          f"num_stages={num_stages}, got {groups!r}")
 
 
-def _rows_given_or_laid_out(name, gate_rows, gates, B, T, HV):
+def _rows_given_or_laid_out(name, gate_rows, gates, B, T, HV, chain_rows=False):
     """The gate rows a launch reads: the caller's (chunk_cumsum's, checked: a wrong row count
     or dtype would make the TMA read the wrong rows, so ValueError) or, for None, laid out
-    here from ``gates`` by :func:`_gate_rows`."""
+    here from ``gates`` by :func:`_gate_rows` (chain_rows: G, β as
+    chunk_gate.gate_rows_from writes them for the chain, four rows a head)."""
+    R = 4 if chain_rows else len(gates)
     if gate_rows is None:
+        if chain_rows:
+            return gate_rows_from(gates[0], gates[1:], chain_rows=True)
         return _gate_rows(gates, B, T, HV)
-    shape = (B * HV * len(gates), triton.cdiv(T, CHUNK) * CHUNK)
+    shape = (B * HV * R, triton.cdiv(T, CHUNK) * CHUNK)
     if gate_rows.dtype != torch.float64 or tuple(gate_rows.shape) != shape:
-        raise ValueError(f"{name}: gate_rows must be {shape} fp64 ({len(gates)} row(s) a head, "
-                         f"as chunk_cumsum writes them), got {tuple(gate_rows.shape)} "
-                         f"{gate_rows.dtype}")
+        what = "chain_rows=True" if chain_rows else f"{R} row(s) a head"
+        raise ValueError(f"{name}: gate_rows must be {shape} fp64 (as chunk_cumsum writes "
+                         f"them, {what}), got {tuple(gate_rows.shape)} {gate_rows.dtype}")
     return gate_rows
 
 
@@ -967,11 +996,12 @@ def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_fina
                  o=o.view(B * T, HV * V))
     descs = [TensorDescriptor.from_tensor(x, blocks[n], descriptor_layout(blocks[n]))
              for n, x in views.items()]
-    gate_block, gate_layout = ((WU_GATE_BLOCK, WU_GATE_LAYOUT) if wu else
+    chain_t = wu and t_on_chain
+    gate_block, gate_layout = ((CHAIN_GATE_BLOCK, CHAIN_GATE_LAYOUT) if chain_t else
+                               (WU_GATE_BLOCK, WU_GATE_LAYOUT) if wu else
                                (DESCRIPTOR_BLOCKS["g"], GATE_LAYOUT))
     descs.append(TensorDescriptor.from_tensor(gate_rows, gate_block, gate_layout))
     NS = _segment_count(B, NT, HV, q.device, segments)
-    chain_t = wu and t_on_chain
     consts = dict(H=H, HV=HV, K=K, V=V, NS=NS, STAGES=num_stages, num_warps=4,
                   WU=wu and not chain_t, CHAIN_T=chain_t,
                   # (the fused forward's form only: the W/U forms stay the bits of the Triton
@@ -1087,7 +1117,8 @@ def forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state, se
     q, k [B, T, H, 128] bf16; v [B, T, HV, 128] bf16; G [B, T, HV] (natural-log decay
     cumulated within each chunk of 64); beta [B, T, HV]; Ai [B, T, HV, 64] bf16, T = (I + A)⁻¹
     of each chunk as kkt_solve_from_k returns it; gate_rows: the (G, β) rows as
-    chunk_cumsum(..., gate_rows=[beta]) writes them, or None to lay them out here;
+    chunk_cumsum(..., gate_rows=[beta], chain_rows=t_on_chain) writes them, or None to lay
+    them out here;
     checkpoints: as :func:`chunk_state_output_t`'s; t_on_chain: V' formed by the chain
     from T and v with two output warpgroups (``CHAIN_T``) instead of W and U by a fourth
     warpgroup (None: ``T_ON_CHAIN``); beside_seg0_end: None, or a callable that writes Ai's
@@ -1111,7 +1142,8 @@ def forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state, se
         raise ValueError("forward_t: variant P_ON_WU needs the W/U warpgroup (t_on_chain="
                          "False); with V' on the chain the output warpgroups form P")
     B, T, HV = G.shape
-    gate_rows = _rows_given_or_laid_out("forward_t", gate_rows, [G, beta], B, T, HV)
+    gate_rows = _rows_given_or_laid_out("forward_t", gate_rows, [G, beta], B, T, HV,
+                                        chain_rows=t_on_chain)
     checkpoints = _check_checkpoints("forward_t", checkpoints, B, T, HV)
     return _launch(q, k, Ai, v, gate_rows, scale, initial_state,
                    output_final_state, True, NUM_STAGES, segments, True, variant=variant,

@@ -102,6 +102,17 @@ def _sum(x, axis: gl.constexpr):
 
 
 @gluon.jit
+def _maximum(a, b):
+    return gl.maximum(a, b)
+
+
+@gluon.jit
+def _max(x, axis: gl.constexpr):
+    """gl.max without triton.language's jitted combine function (as :func:`_sum`)."""
+    return gl.reduce(x, axis, _maximum)
+
+
+@gluon.jit
 def _tf32_hi(x):
     """x rounded to the nearest TF32 value (exact in TF32, so a TF32 wgmma reads it exactly)."""
     bits = x.to(gl.int32, bitcast=True)

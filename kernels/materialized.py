@@ -77,12 +77,13 @@ def uses_state_output_kernel(q, v, chunk_size, cu_seqlens):
 
 
 def gates_and_inverse(k, g, beta, HV, chunk_size, dtype, idx, gate_rows=None,
-                      solve_method="blocked", solve_iters=None):
+                      solve_method="blocked", solve_iters=None, chain_rows=False):
     """(G, T, rows): the chunk-cumulated log-decay [B, T, HV] fp64 (chunk_cumsum), T =
     (I + A)⁻¹ [B, T, HV, C] in ``dtype`` (chunk_inverse, ``solve_method``), and with
-    ``gate_rows`` (chunk_cumsum's argument: [] or [beta]) the rows the Gluon kernels read,
-    written by the cumsum's launch, else None. k, g, beta contiguous; idx: chunk_layout's."""
-    out = chunk_cumsum(g, chunk_size, gate_rows=gate_rows, **idx)
+    ``gate_rows`` (chunk_cumsum's argument: [] or [beta], with ``chain_rows``) the rows the
+    Gluon kernels read, written by the cumsum's launch, else None. k, g, beta contiguous;
+    idx: chunk_layout's."""
+    out = chunk_cumsum(g, chunk_size, gate_rows=gate_rows, chain_rows=chain_rows, **idx)
     G, rows = out if gate_rows is not None else (out, None)
     Ai = chunk_inverse(k, G, beta, HV, chunk_size, dtype, solve_method=solve_method,
                        solve_iters=solve_iters, **idx)

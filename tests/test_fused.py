@@ -244,29 +244,34 @@ def test_eager_calls_skip_the_op_and_tracers_meet_it(monkeypatch):
 
 def test_routes_hand_their_kernels_the_laid_out_gate_rows(monkeypatch):
     """The rows chunk_cumsum writes for the Gluon kernels reach them in the layout each reads:
-    (G, β) pairs for forward_t (the fused route), G alone for chunk_state_output_t (the
-    materialized route), as _gate_rows lays them out (the Gluon kernels stubbed: CPU)."""
+    G and the chain rows for forward_t (the fused route; with T_ON_CHAIN off, (G, β) pairs),
+    G alone for chunk_state_output_t (the materialized route), as forward_t and
+    chunk_state_output_t lay them out given none (the Gluon kernels stubbed: CPU)."""
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     from gdn_fused.kernels import gluon_transposed, materialized
     from gdn_fused.kernels import fused_fwd as module
     q, k, v, g, b, h = make_inputs(2, 70, 1, 2, 128, 128, initial_state=True)
     seen = {}
 
-    def stub(name, rows_of):
+    def stub(name, rows_of, chain_rows=False):
         def kernel(*args, gate_rows=None, **kw):
             G = args[3] if name == "forward_t" else args[4]
             B, T, HV = G.shape
-            seen[name] = torch.equal(gate_rows, gluon_transposed._gate_rows(rows_of(args), B, T,
-                                                                             HV))
+            laid_out = gluon_transposed._rows_given_or_laid_out(name, None, rows_of(args), B,
+                                                                T, HV, chain_rows=chain_rows)
+            seen[name] = torch.equal(gate_rows, laid_out)
             return torch.zeros_like(args[2]), None
         return kernel
-    monkeypatch.setattr(gluon_transposed, "forward_t", stub("forward_t", lambda a: [a[3], a[4]]))
     monkeypatch.setattr(gluon_transposed, "chunk_state_output_t",
                         stub("chunk_state_output_t", lambda a: [a[4]]))
     monkeypatch.setattr(materialized, "uses_state_output_kernel", lambda *args: True)
-    module._warp_specialized_fwd(q, k, v, g, b, 0.125, h, False, 64)
-    materialized.materialized_fwd(q, k, v, g, b, 0.125, h, False, None, 64)
-    assert seen == {"forward_t": True, "chunk_state_output_t": True}
+    for on_chain in (True, False):
+        monkeypatch.setattr(gluon_transposed, "T_ON_CHAIN", on_chain)
+        monkeypatch.setattr(gluon_transposed, "forward_t",
+                            stub("forward_t", lambda a: [a[3], a[4]], on_chain))
+        module._warp_specialized_fwd(q, k, v, g, b, 0.125, h, False, 64)
+        materialized.materialized_fwd(q, k, v, g, b, 0.125, h, False, None, 64)
+        assert seen == {"forward_t": True, "chunk_state_output_t": True}, on_chain
 
 
 def test_warp_specialized_route_composition(monkeypatch):

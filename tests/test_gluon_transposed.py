@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gdn_fused.eval.ptxas import _kernels, compile_report
-from gdn_fused.eval.cases import make_inputs, rel_err, truth
+from gdn_fused.eval.cases import MIXED_GAMMAS, make_inputs, rel_err, truth
 
 pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper",
                     reason="this Triton has no Gluon Hopper API (triton.experimental.gluon)")
@@ -182,6 +182,52 @@ def test_gate_rows_written_by_chunk_cumsum_are_the_laid_out_ones(T, monkeypatch)
     wide = torch.rand(B, T, HV, 2, device=device)
     G, rows = chunk_cumsum(g, 64, gate_rows=[wide[..., 1]])
     assert torch.equal(rows, gluon_transposed._gate_rows([G, wide[..., 1]], B, T, HV))
+
+
+@pytest.mark.parametrize("T", [128, 100, 1])
+def test_chain_rows_are_the_gate_math_of_the_chain(T, monkeypatch):
+    """chunk_cumsum(..., gate_rows=[beta], chain_rows=True): G and, per chunk, β, e^G, the
+    update's decay e^{G_C − G} and γ = e^{G_C} (fp32: the exponent rounded to fp32 as the
+    chain rounded it, the differences taken in fp64; within 2e-5 of torch's exp of it, the
+    fast exponential's error at exponents down to −87), zero past T where the chain must
+    see no gate (β, e^G, decay), and the rows gate_rows_from lays out from G (B = 2, HV = 3,
+    strong gates so that e^G underflows within a chunk)."""
+    from gdn_fused.kernels.chunk_gate import chunk_cumsum, gate_rows_from
+    B, HV, C = 2, 3, 64
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    g = -4 * torch.rand(B, T, HV, device=device)
+    beta = torch.rand(B, T, HV, device=device, dtype=torch.float16)
+    monkeypatch.setattr(torch.utils.deterministic, "fill_uninitialized_memory", True)
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        G, rows = chunk_cumsum(g, C, gate_rows=[beta], chain_rows=True)
+        assert torch.equal(rows, gate_rows_from(G, [beta], chain_rows=True))
+    finally:
+        torch.use_deterministic_algorithms(was)
+    NT = -(-T // C)
+    pad = lambda x: torch.nn.functional.pad(x, (0, NT * C - T))  # noqa: E731
+    Gh = pad(G.permute(0, 2, 1)).view(B, HV, NT, C)           # [B, HV, NT, C] fp64
+    valid = pad(torch.ones(T, device=device)).view(NT, C) > 0
+    last = valid.sum(1) - 1                                      # the chunk's last row
+    G_last = Gh.gather(3, last.view(1, 1, NT, 1).expand(B, HV, NT, 1))
+    want = {"β": pad(beta.permute(0, 2, 1).float()).view(B, HV, NT, C),
+            "e^G": torch.where(valid, Gh.float().double().exp(), 0.),
+            "decay": torch.where(valid, (G_last - Gh).float().double().exp(), 0.),
+            "γ": G_last.float().double().exp().expand(B, HV, NT, C)}
+    r = rows.view(B, HV, 4, NT * C)
+    assert torch.equal(r[:, :, 0], pad(G.permute(0, 2, 1)))
+    f32 = r[:, :, 1:].contiguous().view(torch.float32).view(B, HV, 3, NT, 2, C)
+    got = {"β": f32[:, :, 0, :, 0], "e^G": f32[:, :, 0, :, 1], "decay": f32[:, :, 1, :, 0],
+           "γ": f32[:, :, 1, :, 1]}
+    for name, x in got.items():
+        ref = want[name].float()
+        assert ((x - ref).abs() <= 2e-5 * ref.abs() + torch.finfo(torch.float32).tiny).all(), \
+            name
+    assert (got["e^G"] == 0).any() or T == 1   # some e^G underflowed: no inf or NaN
+    assert (f32[:, :, 2] == 0).all()
+    with pytest.raises(ValueError, match="chain_rows"):
+        chunk_cumsum(g, C, gate_rows=[], chain_rows=True)
 
 
 def test_num_segments():
@@ -646,16 +692,23 @@ def test_forward_with_v_new_on_the_chain_against_its_torch_twin(B, T, H, HV, gat
     above it (STATE_UPDATE_LO, STATE_UPDATE_LO_ABOVE; inf: one product everywhere, the
     session-20 kernel; 0.5: shipped; −1: every chunk); with the low half the final state
     must also be within issue 4's 3e-3 there (H200, session 21, every chunk: 2.45e-3). The
-    "mixed" heads that decay (γ < 1) follow their twin within 5e-4 one by one: the three
-    rules' twins differ there by 1.8e-3 – 3.8e-3 (CPU), so a kernel taking the low half in
-    the wrong chunks fails."""
+    rule is checked head by head where it matters ("mixed": γ = 1, 0.6, 0.4, 0.1 side by
+    side): each head's state error from fp64 must be nearer its own rule's twin's than the
+    twin's that decides the other way at that head. The errors are statistics of a rule,
+    not bits: at g = 0 kernel and twin land 3.8e-3 apart yet 3.26e-3 / 3.28e-3 from fp64;
+    with and without the low half the twins' per-head errors differ by 0.7–0.8e-3 (CPU,
+    2.6e-3 against 1.8e-3 at γ = 0.6). (A first form asked the decaying heads' bits to
+    follow the twin within 5e-4: at γ = 0.6 a chunk keeps enough for bf16 rounding flips to
+    grow to 1.2e-3 on the H200, session 22.)"""
     _hopper()
     monkeypatch.setattr(gluon_transposed, "STATE_UPDATE_LO", lo_above != math.inf)
     monkeypatch.setattr(gluon_transposed, "STATE_UPDATE_LO_ABOVE", lo_above)
     q, k, v, g, beta, h0, G, Ai, w, u = forward_intermediates(B, T, H, HV, True, T + HV, gate)
     o, ht = gluon_transposed.forward_t(q, k, v, G, beta, Ai, 0.125, h0, True, segments=1,
                                        t_on_chain=True)
-    o_c, ht_c = _chain_form_in_torch(q, k, v, G, beta, Ai, 0.125, h0, lo_above=lo_above)
+    twin = lambda a: _chain_form_in_torch(q, k, v, G, beta, Ai, 0.125, h0,  # noqa: E731
+                                          lo_above=a)
+    o_c, ht_c = twin(lo_above)
     torch.cuda.synchronize()
     print(f"\n  forward_t V' on the chain {B, T, H, HV, gate}, low half where γ > {lo_above}, "
           f"vs its torch twin: o {rel_err(o, o_c):.2e} state {rel_err(ht, ht_c):.2e}")
@@ -668,9 +721,15 @@ def test_forward_with_v_new_on_the_chain_against_its_torch_twin(B, T, H, HV, gat
     assert errs[0] <= 1.25 * errs[2] and errs[1] <= 1.25 * errs[3]
     if lo_above != math.inf:
         assert errs[1] <= 3e-3, errs
+    if gate != "mixed":
+        return
+    flipped = {False: twin(-1.0)[1], True: twin(math.inf)[1]}   # by whether a head takes it
     for h in range(HV):
-        if gate == "mixed" and h % 4:   # (eval.cases: γ = 1 at heads 0, 4, …)
-            assert rel_err(ht[:, h], ht_c[:, h]) <= 5e-4, (h, rel_err(ht[:, h], ht_c[:, h]))
+        e = [rel_err(x[:, h], ht_ref[:, h]) for x in
+             (ht, ht_c, flipped[MIXED_GAMMAS[h % len(MIXED_GAMMAS)] > lo_above])]
+        print(f"  head {h}: state vs fp64 kernel {e[0]:.3e}, twin {e[1]:.3e}, the other "
+              f"rule's twin {e[2]:.3e}")
+        assert abs(e[0] - e[1]) <= 0.3 * abs(e[2] - e[1]), (h, e)
 
 
 @pytest.mark.gpu
