@@ -593,7 +593,7 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS, device="cuda", dtype=t
         from gdn_fused.kernels.gluon_wu_bwd import wu_bwd_gluon
         from gdn_fused.kernels.gluon_bwd_state import chunk_bwd_state_t
         _, gate_rows = chunk_cumsum(g, CHUNK, gate_rows=[])
-        _, beta_rows = chunk_cumsum(g, CHUNK, gate_rows=[beta])
+        _, beta_rows = chunk_cumsum(g, CHUNK, gate_rows=[beta], chain_rows=True)
         got = chunk_bwd_state_t(q, k, w, gate_rows, do, dv_local, scale, dht, h0)
         print("bwd state gluon vs triton (dh, dv2), rel:",
               [f"{rel_diff(a, b):.2e}" for a, b in zip(got[:2], (dh, dv2))], flush=True)

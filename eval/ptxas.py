@@ -381,12 +381,12 @@ def _gluon_wu_bwd():
 
 def _gluon_bwd_state(chain_t=False):
     """The backward's reverse state pass in Gluon (kernels/gluon_bwd_state.py), reading W or,
-    with ``chain_t``, T and the (G, β) rows."""
+    with ``chain_t``, T and the chain rows."""
     from gdn_fused.kernels.gluon_bwd_state import (CHAIN_T_BLOCKS, DESCRIPTOR_BLOCKS, STAGES,
                                                    chunk_bwd_state_t_kernel)
     from gdn_fused.kernels.gluon_ring import descriptor_layout
-    from gdn_fused.kernels.gluon_transposed import GATE_LAYOUT, WU_GATE_LAYOUT
-    gate_layout = WU_GATE_LAYOUT if chain_t else GATE_LAYOUT
+    from gdn_fused.kernels.gluon_transposed import CHAIN_GATE_LAYOUT, GATE_LAYOUT
+    gate_layout = CHAIN_GATE_LAYOUT if chain_t else GATE_LAYOUT
     sig = {f"{n}_desc": (tensordesc("fp64", b, gate_layout) if n == "g" else
                          tensordesc("bf16", b, descriptor_layout(b)))
            for n, b in (CHAIN_T_BLOCKS if chain_t else DESCRIPTOR_BLOCKS).items()}

@@ -205,7 +205,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale, initial_state, do, dht, 
     # materialized forward computes them
     gate_rows = None
     if uses_gluon_bwd_state(q, do, chunk_size, cu_seqlens):
-        G, gate_rows = chunk_cumsum(g, chunk_size, gate_rows=[beta] if CHAIN_T else [], **idx)
+        G, gate_rows = chunk_cumsum(g, chunk_size, gate_rows=[beta] if CHAIN_T else [],
+                                    chain_rows=CHAIN_T, **idx)
     else:
         G = chunk_cumsum(g, chunk_size, **idx)
     if Ai is None:

@@ -54,16 +54,18 @@ from gdn_fused.kernels.gluon_ring import (CHUNK, HEAD_DIM, LOAD_REGS, LOAD_WARPS
                                           accumulator_layout, check_heads, check_operands,
                                           descriptor_layout, ring_barriers, ring_buffers,
                                           tile_bytes)
-from gdn_fused.kernels.gluon_transposed import (GATE_LAYOUT, WU_GATE_BLOCK, WU_GATE_LAYOUT,
-                                                _chunk_decay, _gate_row, _state_tile_t)
+from gdn_fused.kernels.gluon_transposed import (CHAIN_GATE_BLOCK, CHAIN_GATE_LAYOUT, GATE_LAYOUT,
+                                                _chain_rows, _chunk_decay, _gate_row,
+                                                _state_tile_t)
 
 BV = 64  # value rows of dHᵀ a program: wgmma's M, one warpgroup
 STAGES = 2
 DESCRIPTOR_BLOCKS = dict(k=[CHUNK, HEAD_DIM], q=[CHUNK, HEAD_DIM], w=[CHUNK, HEAD_DIM],
                          do=[CHUNK, BV], dvl=[CHUNK, BV], g=[1, CHUNK], dv2=[CHUNK, BV],
                          dh=[HEAD_DIM, BV])
-# with T in place of W (CHAIN_T): T's [C, C] tiles and the (G, β) row pairs
-CHAIN_T_BLOCKS = dict(DESCRIPTOR_BLOCKS, w=[CHUNK, CHUNK], g=WU_GATE_BLOCK)
+# with T in place of W (CHAIN_T): T's [C, C] tiles and the chain rows (the forward's: G, then
+# β, e^G, the decay e^{G_C − G} and γ in fp32; chunk_gate.store_gate_rows)
+CHAIN_T_BLOCKS = dict(DESCRIPTOR_BLOCKS, w=[CHUNK, CHUNK], g=CHAIN_GATE_BLOCK)
 # the chain's warpgroup and the producer warp (padded to 4): 8 warps
 MAXNREG = 240
 
@@ -120,10 +122,15 @@ def _chain(bufs, ready, empty, dh_tiles, dv_tiles, dh_desc, dv2_desc, dht, dh0, 
         d_op = gl.convert_layout(d16, a_t)
         X = warpgroup_mma(d_op, k_bufs.index(s).permute((1, 0)),
                           gl.zeros([BVr, BT], gl.float32, acc_t), use_acc=False, is_async=True)
-        b_G = _gate_row(g_bufs, s, 0).load(gl.SliceLayout(0, acc_t))
-        decay, gam = _chunk_decay(b_G, i_t, T, o_c)
-        valid = i_t * BT + o_c < T
-        e_G = gl.where(valid, gl.exp(gl.where(valid, b_G, 0.).to(gl.float32)), 0.)
+        if CHAIN_T:
+            # the gate math from the chain rows (formed by chunk_cumsum, as the forward's
+            # chain reads them; e^G and the decay are 0 past T, β too)
+            b_beta, e_G, decay, gam = _chain_rows(g_bufs, s, gl.SliceLayout(0, acc_t))
+        else:
+            b_G = _gate_row(g_bufs, s, 0).load(gl.SliceLayout(0, acc_t))
+            decay, gam = _chunk_decay(b_G, i_t, T, o_c)
+            valid = i_t * BT + o_c < T
+            e_G = gl.where(valid, gl.exp(gl.where(valid, b_G, 0.).to(gl.float32)), 0.)
         e_g = e_G * scale
         # (dOᵀ D_{scale·e^G}) Q into e^{G_C} dHᵀ: independent of the chain's first product
         do_t = do_bufs.index(s).permute((1, 0)).load(acc_t).to(gl.float32)
@@ -143,7 +150,6 @@ def _chain(bufs, ready, empty, dh_tiles, dv_tiles, dh_desc, dv2_desc, dht, dh0, 
             y_op = gl.convert_layout(dv16, a_t)
             Y = warpgroup_mma(y_op, w_bufs.index(s), gl.zeros([BVr, BT], gl.float32, acc_t),
                               use_acc=False, is_async=True)
-            b_beta = _gate_row(g_bufs, s, 1).load(gl.SliceLayout(0, acc_t)).to(gl.float32)
             dv_tiles.index(tile).permute((1, 0)).store(dv16)
             Y, y_op, S = warpgroup_mma_wait(0, deps=[Y, y_op, S])
             n_op = gl.convert_layout((Y * (-(e_G * b_beta))[None, :]).to(gl.bfloat16), a_k)
@@ -175,8 +181,8 @@ def chunk_bwd_state_t_kernel(k_desc, q_desc, w_desc, do_desc, dvl_desc, g_desc, 
                              USE_FINAL_STATE_GRAD: gl.constexpr,
                              STORE_INITIAL_STATE_GRAD: gl.constexpr, STAGES: gl.constexpr,
                              CHAIN_T: gl.constexpr = False):
-    """Grid (V / BV, B·HV); with CHAIN_T, w_desc reads T ([C, C] tiles) and g_desc the (G, β)
-    row pairs."""
+    """Grid (V / BV, B·HV); with CHAIN_T, w_desc reads T ([C, C] tiles) and g_desc the chain
+    rows (four a head)."""
     i_v, i_nh = gl.program_id(0), gl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
@@ -210,8 +216,8 @@ def chunk_bwd_state_t(q, k, w, gate_rows, do, dv_local, scale, dht, initial_stat
     q, k [B, T, H, 128] bf16; w [B, T, HV, 128] bf16 (W), or with ``chain_t`` the forward's
     T [B, T, HV, 64] bf16 (W = T diag(β e^G) K is then never formed); gate_rows
     [B·HV·R, ⌈T/64⌉·64] fp64 as chunk_cumsum(..., gate_rows=[]) (R = 1: G) or, with
-    ``chain_t``, chunk_cumsum(..., gate_rows=[beta]) (R = 2: G, β) lays them out, zero past
-    T; do, dv_local [B, T, HV, 128] bf16; dht [B, HV, 128, 128] or None; initial_state (only
+    ``chain_t``, chunk_cumsum(..., gate_rows=[beta], chain_rows=True) (R = 4: G and the chain
+    rows) lays them out, zero past T; do, dv_local [B, T, HV, 128] bf16; dht [B, HV, 128, 128] or None; initial_state (only
     whether it is given: then dh0 is returned, in its dtype). Returns (dh [B·NT, HV, 128, 128]
     bf16, dv2 like do, dh0 or None), as chunk_bwd_state. Raises ValueError for other shapes or
     dtypes."""
@@ -221,7 +227,7 @@ def chunk_bwd_state_t(q, k, w, gate_rows, do, dv_local, scale, dht, initial_stat
     bf16 = torch.bfloat16
     check_heads("chunk_bwd_state_t", k, do, HEAD_DIM)
     state = (B, HV, K, V)
-    R = 2 if chain_t else 1
+    R = 4 if chain_t else 1
     check_operands("chunk_bwd_state_t", [
         ("q", q, k.shape, bf16), ("k", k, k.shape, bf16),
         ("Ai" if chain_t else "w", w, (B, T, HV, CHUNK if chain_t else K), bf16),
@@ -238,7 +244,7 @@ def chunk_bwd_state_t(q, k, w, gate_rows, do, dv_local, scale, dht, initial_stat
                  do=do.view(B * T, HV * V), dvl=dv_local.view(B * T, HV * V), g=gate_rows,
                  dv2=dv2.view(B * T, HV * V), dh=dh.view(B * NT * HV * K, V))
     blocks = CHAIN_T_BLOCKS if chain_t else DESCRIPTOR_BLOCKS
-    gate_layout = WU_GATE_LAYOUT if chain_t else GATE_LAYOUT
+    gate_layout = CHAIN_GATE_LAYOUT if chain_t else GATE_LAYOUT
     descs = [TensorDescriptor.from_tensor(
         x, blocks[n], gate_layout if n == "g" else descriptor_layout(blocks[n]))
         for n, x in views.items()]

@@ -61,7 +61,7 @@ def w_fp64(k, Ai, G, beta, C=64):
 
 def inputs(B, T, H, HV, gate, with_dht, with_h0, chain_t=False):
     """q, k, w (the backward's recomputed W), g, G, gate rows, dO, dV'_local, dht, h0; with
-    ``chain_t`` w is T, the rows are (G, β) pairs, and W in fp64 and β come last."""
+    ``chain_t`` w is T, the rows are G and the chain rows, and W in fp64 and β come last."""
     from gdn_fused.kernels.chunk_bwd_dv import chunk_bwd_dv_local
     from gdn_fused.kernels.chunk_gate import chunk_cumsum
     from gdn_fused.kernels.kkt_solve import chunk_inverse
@@ -71,7 +71,7 @@ def inputs(B, T, H, HV, gate, with_dht, with_h0, chain_t=False):
     gen = torch.Generator().manual_seed(6)
     do = torch.randn(v.shape, generator=gen).to("cuda", torch.bfloat16)
     dht = torch.randn(B, HV, 128, 128, generator=gen).to("cuda") if with_dht else None
-    G, rows = chunk_cumsum(g, 64, gate_rows=[beta] if chain_t else [])
+    G, rows = chunk_cumsum(g, 64, gate_rows=[beta] if chain_t else [], chain_rows=chain_t)
     Ai = chunk_inverse(k, G, beta, HV, 64, torch.bfloat16)
     dv_local = chunk_bwd_dv_local(q, k, g, do, 128 ** -0.5, 64, dot_precision="tf32")
     if chain_t:
