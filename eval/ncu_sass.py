@@ -6,7 +6,7 @@
 In a warp-specialized kernel each role's loop body runs a different number of times (the
 chain's instructions once per chunk per warp, an output warpgroup's once per chunk it owns,
 the producer warp's once per chunk on one warp), so the instructions that share an execution
-count are one role's loop. For the N loops with the most instructions this prints the
+count are one role's loop. For the N loops holding the most stall samples this prints the
 share of the kernel's stall samples, the stall reasons, the instruction mix and, with --top,
 the instructions holding the most samples (where that role waits), in program order; with
 --list, every instruction of those loops.
@@ -47,7 +47,9 @@ def summarise(name, rows, roles=1, top=0, listing=False):
     samples = {e: sum(_num(r, "Warp Stall Sampling (All Samples)") for r in body)
                for e, body in by_count.items()}
     total = sum(samples.values()) or 1.0
-    loops = sorted((e for e in by_count if e > 0), key=lambda e: -len(by_count[e]))[:roles]
+    # the loops holding the most samples (by instruction count, a role's set-up code can
+    # outnumber a short loop)
+    loops = sorted((e for e in by_count if e > 0), key=lambda e: -samples[e])[:roles]
     for e in loops:
         body = by_count[e]
         why = collections.Counter({r[6:]: sum(_num(d, r) for d in body) for r in reasons})
@@ -71,7 +73,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("csv", help="ncu's source page as CSV")
     parser.add_argument("--roles", type=int, default=1,
-                        help="loops (execution counts) to summarise, largest first")
+                        help="loops (execution counts) to summarise, most samples first")
     parser.add_argument("--top", type=int, default=0,
                         help="instructions with the most stall samples to list per loop")
     parser.add_argument("--list", action="store_true",

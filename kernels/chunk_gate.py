@@ -55,8 +55,11 @@ def store_gate_rows(rows, b_G, beta, i_b, i_t, seqlen, T, i_hv, HV: tl.constexpr
     (gluon_transposed._gate_rows), zero past the sequence end. ROWS 1: G; 2: G, β; 4 (the
     chain rows of forward_t; a TMA box's rows are a power of two): G, then six fp32 rows
     packed in three fp64 rows — β, e^G, the state update's decay e^{G_C − G}, γ = e^{G_C}
-    in each entry, two of zeros — the per-step gate math the chain otherwise redoes from G
-    (the same fp64 differences and fp32 exponentials, so the same bits)."""
+    in each entry (the per-step gate math the chain otherwise redoes from G: the same fp64
+    differences and fp32 exponentials, so the same bits), and G as an fp32 pair hi + lo
+    (hi = fp32(G), lo = fp32(G − hi): the output's pairwise differences G_i − G_j as
+    (hi_i − hi_j) + (lo_i − lo_j), fp32 instructions in place of fp64 ones, good to ~1e-7
+    relative where e^{G_i − G_j} does not underflow)."""
     NTC = tl.cdiv(T, BT) * BT
     o_i = tl.arange(0, BT)
     valid = i_t * BT + o_i < seqlen
@@ -78,8 +81,9 @@ def store_gate_rows(rows, b_G, beta, i_b, i_t, seqlen, T, i_hv, HV: tl.constexpr
             tl.store(p32 + 4 * NTC, decay(G_last - b_G, valid))
             tl.store(p32 + 4 * NTC + BT, tl.zeros([BT], tl.float32) +
                      tl.exp(G_last.to(tl.float32)))
-            tl.store(p32 + 6 * NTC, tl.zeros([BT], tl.float32))
-            tl.store(p32 + 6 * NTC + BT, tl.zeros([BT], tl.float32))
+            G_hi = tl.where(valid, b_G, 0.).to(tl.float32)
+            tl.store(p32 + 6 * NTC, G_hi)
+            tl.store(p32 + 6 * NTC + BT, (tl.where(valid, b_G, 0.) - G_hi).to(tl.float32))
 
 
 @triton.jit

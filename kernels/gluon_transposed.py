@@ -198,22 +198,30 @@ def _gate_row(g_bufs, s, row: gl.constexpr):
     return g
 
 
+# the fp32 rows of a chain-row tile (CHAIN_GATE_BLOCK, as chunk_gate.store_gate_rows writes
+# it): its fp64 [4, C] as eight fp32 rows, G's two halves first
+BETA_ROW, EXP_G_ROW, DECAY_ROW, GAMMA_ROW, G_HI_ROW, G_LO_ROW = (gl.constexpr(r)
+                                                                  for r in range(2, 8))
+
+
 @gluon.jit
-def _chain_rows(g_bufs, s, layout: gl.constexpr):
-    """(β, e^G, decay, γ) of stage s's chain-row tile (CHAIN_GATE_BLOCK, as
-    chunk_gate.store_gate_rows writes it): fp32 [C] vectors in ``layout`` and γ = e^{G_C}
-    a scalar; decay and e^G are 0 past T."""
+def _chain_row(g_bufs, s, r: gl.constexpr, layout: gl.constexpr):
+    """fp32 row r of stage s's chain-row tile as a [C] vector in ``layout``."""
     ROWS: gl.constexpr = g_bufs.type.shape[1]
     BT: gl.constexpr = g_bufs.type.shape[2]
     gl.static_assert(ROWS == 4 and g_bufs.type.layout.swizzle_byte_width == 0)
-    # the unswizzled fp64 [4, C] tile as eight fp32 rows: G's two halves, β, e^G, decay, γ,
-    # two unused
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
     f = g_bufs._reinterpret(gl.float32, [g_bufs.type.shape[0] * ROWS * 2, BT], flat)
-    base = s * ROWS * 2 + 2
-    # γ fills its row: any entry is it (the max is the exact value)
-    return (f.index(base).load(layout), f.index(base + 1).load(layout),
-            f.index(base + 2).load(layout), _max(f.index(base + 3).load(layout), 0))
+    return f.index(s * ROWS * 2 + r).load(layout)
+
+
+@gluon.jit
+def _chain_rows(g_bufs, s, layout: gl.constexpr):
+    """(β, e^G, decay, γ) of stage s's chain-row tile: fp32 [C] vectors in ``layout`` (decay
+    and e^G 0 past T) and γ = e^{G_C} a scalar (it fills its row: the max is its value)."""
+    return (_chain_row(g_bufs, s, BETA_ROW, layout), _chain_row(g_bufs, s, EXP_G_ROW, layout),
+            _chain_row(g_bufs, s, DECAY_ROW, layout),
+            _max(_chain_row(g_bufs, s, GAMMA_ROW, layout), 0))
 
 
 @gluon.jit
@@ -229,12 +237,12 @@ def _chunk_decay(b_G, i_t, T, o_c):
 
 
 @gluon.jit
-def _masked_scores(qk, b_G, b_Gj, valid, o_t, o_j):
-    """P = (Q Kᵀ) ⊙ M in bf16, M_ij = e^{G_i − G_j} for j ≤ i on rows before T, else 0. Rows
-    past T are selected away too: their G reads 0, so G_i − G_j may be > 0; the exponent is
-    selected before the exp, so strong decay never gives inf · 0."""
+def _masked_scores(qk, diff, valid, o_t, o_j):
+    """P = (Q Kᵀ) ⊙ M in bf16, M_ij = e^{G_i − G_j} for j ≤ i on rows before T, else 0, from
+    diff [C, C] fp32 = G_i − G_j. Rows past T are selected away too: their G reads 0, so
+    G_i − G_j may be > 0; the exponent is selected before the exp, so strong decay never
+    gives inf · 0."""
     incl = (o_t[:, None] >= o_j[None, :]) & valid[:, None]
-    diff = (b_G[:, None] - b_Gj[None, :]).to(gl.float32)
     return (qk * gl.where(incl, gl.exp(gl.where(incl, diff, 0.)), 0.)).to(gl.bfloat16)
 
 
@@ -286,7 +294,7 @@ def _wu_partition(k_bufs, t_bufs, v_bufs, g_bufs, ready, empty, wp_bufs, up_bufs
             o_t = gl.arange(0, BT, layout=gl.SliceLayout(1, acc_t))
             valid = (c0 + j) * BT + o_t < T
             b_Gi = _gate_row(g_bufs, s, 0).load(gl.SliceLayout(1, acc_t))
-            p = _masked_scores(qk, b_Gi, b_G, valid, o_t,
+            p = _masked_scores(qk, (b_Gi[:, None] - b_G[None, :]).to(gl.float32), valid, o_t,
                                gl.arange(0, BT, layout=gl.SliceLayout(0, acc_t)))
             # chunk j − STAGES's P read by the output warpgroup's products (passes at once the
             # first STAGES times)
@@ -374,14 +382,25 @@ def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv
     O_BUFS: gl.constexpr = o_smem.type.shape[0] // GROUPS
     bos = i_n * T
     col = i_hv * V + i_v * BVr
+    # with the chain rows (V' on the chain): G as an fp32 pair, its differences in fp32 (the
+    # fp64 ones held 17 % of these warps' stall samples on the H200, session 22)
+    CHAIN_ROWS: gl.constexpr = g_bufs.type.shape[1] == 4
     for j in range(group, n, GROUPS):
         i_t = c0 + j
         s = j % STAGES
         phase = (j // STAGES) & 1
         mbarrier.wait(ready.index(s), phase)
         valid = i_t * BT + o_t < T
-        b_G = _gate_row(g_bufs, s, 0).load(gl.SliceLayout(1, acc))
-        b_Gj = _gate_row(g_bufs, s, 0).load(gl.SliceLayout(0, acc))
+        if CHAIN_ROWS:
+            hi = _chain_row(g_bufs, s, G_HI_ROW, gl.SliceLayout(1, acc))
+            lo = _chain_row(g_bufs, s, G_LO_ROW, gl.SliceLayout(1, acc))
+            hi_j = _chain_row(g_bufs, s, G_HI_ROW, gl.SliceLayout(0, acc))
+            lo_j = _chain_row(g_bufs, s, G_LO_ROW, gl.SliceLayout(0, acc))
+            e_G = _chain_row(g_bufs, s, EXP_G_ROW, gl.SliceLayout(1, acc))
+        else:
+            b_G = _gate_row(g_bufs, s, 0).load(gl.SliceLayout(1, acc))
+            b_Gj = _gate_row(g_bufs, s, 0).load(gl.SliceLayout(0, acc))
+            e_G = gl.exp(b_G.to(gl.float32))
         if Q_REGS:
             q_op = q_bufs.index(s).load(a_op)
         else:
@@ -400,11 +419,15 @@ def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv
                 # arrive
                 gl.thread_barrier()
                 mbarrier.arrive(empty.index(s), count=1)
-            p = gl.convert_layout(_masked_scores(qk, b_G, b_Gj, valid, o_t, o_j), a_op)
+            if CHAIN_ROWS:
+                diff = (hi[:, None] - hi_j[None, :]) + (lo[:, None] - lo_j[None, :])
+            else:
+                diff = (b_G[:, None] - b_Gj[None, :]).to(gl.float32)
+            p = gl.convert_layout(_masked_scores(qk, diff, valid, o_t, o_j), a_op)
         mbarrier.wait(sv_ready.index(s), phase)
         b_o = warpgroup_mma(q_op, st_bufs.index(s).permute((1, 0)),
                             gl.zeros([BT, BVr], gl.float32, acc), use_acc=False)
-        b_o = warpgroup_mma(p, vn_bufs.index(s), b_o * gl.exp(b_G.to(gl.float32))[:, None])
+        b_o = warpgroup_mma(p, vn_bufs.index(s), b_o * e_G[:, None])
         # (synchronous products: retired here) every warp past them before the one arrive
         gl.thread_barrier()
         mbarrier.arrive(sv_empty.index(s), count=1)

@@ -187,7 +187,8 @@ def test_gate_rows_written_by_chunk_cumsum_are_the_laid_out_ones(T, monkeypatch)
 @pytest.mark.parametrize("T", [128, 100, 1])
 def test_chain_rows_are_the_gate_math_of_the_chain(T, monkeypatch):
     """chunk_cumsum(..., gate_rows=[beta], chain_rows=True): G and, per chunk, β, e^G, the
-    update's decay e^{G_C − G} and γ = e^{G_C} (fp32: the exponent rounded to fp32 as the
+    update's decay e^{G_C − G}, γ = e^{G_C} and G as an fp32 pair hi + lo for the output's
+    differences (fp32: the exponent rounded to fp32 as the
     chain rounded it, the differences taken in fp64; within 2e-5 of torch's exp of it, the
     fast exponential's error at exponents down to −87), zero past T where the chain must
     see no gate (β, e^G, decay), and the rows gate_rows_from lays out from G (B = 2, HV = 3,
@@ -225,7 +226,11 @@ def test_chain_rows_are_the_gate_math_of_the_chain(T, monkeypatch):
         assert ((x - ref).abs() <= 2e-5 * ref.abs() + torch.finfo(torch.float32).tiny).all(), \
             name
     assert (got["e^G"] == 0).any() or T == 1   # some e^G underflowed: no inf or NaN
-    assert (f32[:, :, 2] == 0).all()
+    # G as an fp32 pair: hi = fp32(G), lo = fp32(G − hi) (48 bits), zero past T
+    hi, lo = f32[:, :, 2, :, 0].double(), f32[:, :, 2, :, 1].double()
+    G0 = torch.where(valid, Gh, 0.)
+    assert torch.equal(hi, G0.float().double())
+    assert ((hi + lo - G0).abs() <= 2 ** -46 * G0.abs()).all()
     with pytest.raises(ValueError, match="chain_rows"):
         chunk_cumsum(g, C, gate_rows=[], chain_rows=True)
 
