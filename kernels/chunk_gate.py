@@ -106,7 +106,7 @@ def gate_rows_kernel(G, beta, rows, T, HV: tl.constexpr, BT: tl.constexpr,
     i_t, i_hv, _, bos, seqlen = chunk_head_program(T, None, None, HV, HV, BT, False)
     o_i = tl.arange(0, BT)
     b_G = tl.load(G + (bos + i_t * BT + o_i) * HV + i_hv, mask=i_t * BT + o_i < seqlen,
-                  other=0.)
+                  other=0.).to(tl.float64)
     store_gate_rows(rows, b_G, beta, bos // T, i_t, seqlen, T, i_hv, HV, BT, ROWS)
 
 
@@ -141,6 +141,8 @@ def chunk_cumsum(g, chunk_size, cu_seqlens=None, chunk_indices=None, num_chunks=
     G = torch.empty(B, T, HV, dtype=torch.float64, device=g.device)
     NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, chunk_size)
     R, rows, beta = 0, None, None
+    if chain_rows and gate_rows is None:
+        raise ValueError("chunk_cumsum: chain_rows needs gate_rows=[beta]")
     if gate_rows is not None:
         if cu_seqlens is not None:
             raise ValueError("chunk_cumsum: gate_rows are laid out for dense batches; got "
@@ -155,10 +157,13 @@ def chunk_cumsum(g, chunk_size, cu_seqlens=None, chunk_indices=None, num_chunks=
 
 def gate_rows_from(G, gate_rows, chain_rows=False, chunk_size=64):
     """The rows chunk_cumsum(g, chunk_size, gate_rows=gate_rows, chain_rows=chain_rows)
-    writes beside G, from G [B, T, HV] fp64 itself (dense batches); ValueError as there."""
+    writes beside G, from G [B, T, HV] itself (any float dtype, read in fp64; dense batches);
+    ValueError as there."""
     B, T, HV = G.shape
     R, beta = _row_count("gate_rows_from", G, gate_rows, chain_rows)
-    rows = G.new_empty(B * HV * R, triton.cdiv(T, chunk_size) * chunk_size)
+    # fp64 whatever G's dtype: store_gate_rows' offsets count 8-byte entries
+    rows = G.new_empty(B * HV * R, triton.cdiv(T, chunk_size) * chunk_size,
+                       dtype=torch.float64)
     direct.launch(gate_rows_kernel, chunk_head_grid(triton.cdiv(T, chunk_size), B, HV),
                   G.contiguous(), beta, rows, T, HV=HV, BT=chunk_size, ROWS=R)
     return rows

@@ -21,7 +21,8 @@ chain stages dh_c and dV' in shared memory through transposed views and stores t
 (two staging tiles each, so a store waits only for the one two chunks back).
 
 With T in W's place (``chain_t``, the backward's default since session 19: W is never formed)
-the ring holds T's [C, C] tiles and the (G, β) row pairs, and the last term is
+the ring holds T's [C, C] tiles and the forward's chain rows (β, e^G, the decay and γ in fp32
+beside G, since session 22: chunk_gate.store_gate_rows), and the last term is
 ((dV'ᵀ T) D_{β e^G}) K: one product more on the chain (20 wgmma a step instead of 16; 166 KB
 of shared memory, no spills). H200, (1, 32768), session 19: 893 µs against 814 reading W,
 dh and dV' within 1e-4 of the W form's and as close to fp64 as chunk_bwd_state's chain form

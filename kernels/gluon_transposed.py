@@ -76,7 +76,9 @@ the split gives the unsplit pass's bits.
 
 ``forward_t``, the fused backend's forward on Hopper (kernels/fused_fwd.py,
 WARP_SPECIALIZED): the forward after kkt_solve_from_k's bf16 inverse T in this one kernel, its
-ring holding T, v and the (G, β) rows in place of W and U. Since session 18 (``CHAIN_T``, the
+ring holding T, v and the gate rows in place of W and U (with V' on the chain the chain rows,
+``CHAIN_GATE_BLOCK``: G and, in fp32, β, e^G, the update's decay, γ and G as hi + lo, written by
+chunk_cumsum; with the W/U warpgroup the (G, β) pairs). Since session 18 (``CHAIN_T``, the
 default ``T_ON_CHAIN``) the chain forms V' itself, by the algebra of the plain fused kernel
 (kernels/fused_fwd.py: W is never formed):
 
@@ -645,7 +647,8 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
     masked scores P for the output warpgroup (8 KB a stage more shared memory). O_BUFFERS:
     TMA staging tiles of O an output warpgroup (8 KB each). CKPT_EVERY > 0 (not with MAP):
     the chain stores the states entering every CKPT_EVERY-th chunk to checkpoints. CHAIN_T
-    (not with WU): the ring as with WU (T, v, [2, C] gate tiles), but the chain forms V' from
+    (not with WU): the ring as with WU (T and v tiles) with the [4, C] chain-row tiles
+    (CHAIN_GATE_BLOCK) for its gates, but the chain forms V' from
     them itself (V' = T D_β (V − D_{e^G} K S)) and no warpgroup forms W or U. SEG0_END (with
     NS = 2, grid axis 2 of size 1, neither MAP nor OUTPUT): the state pass alone over
     segment 0 from h0's slab 0, its end state stored to ht's slab 1 (the state entering
@@ -1139,9 +1142,10 @@ def forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state, se
 
     q, k [B, T, H, 128] bf16; v [B, T, HV, 128] bf16; G [B, T, HV] (natural-log decay
     cumulated within each chunk of 64); beta [B, T, HV]; Ai [B, T, HV, 64] bf16, T = (I + A)⁻¹
-    of each chunk as kkt_solve_from_k returns it; gate_rows: the (G, β) rows as
-    chunk_cumsum(..., gate_rows=[beta], chain_rows=t_on_chain) writes them, or None to lay
-    them out here;
+    of each chunk as kkt_solve_from_k returns it; gate_rows: the gate rows as
+    chunk_cumsum(..., gate_rows=[beta], chain_rows=True) writes them for V' on the chain
+    (``chain_rows=False``, the (G, β) pairs, for ``t_on_chain=False``), or None to lay them
+    out here;
     checkpoints: as :func:`chunk_state_output_t`'s; t_on_chain: V' formed by the chain
     from T and v with two output warpgroups (``CHAIN_T``) instead of W and U by a fourth
     warpgroup (None: ``T_ON_CHAIN``); beside_seg0_end: None, or a callable that writes Ai's

@@ -211,8 +211,12 @@ def test_bad_operands_raise_before_launch():
                             ("dht", torch.zeros(B, HV, 128, 64), "dht must have shape")):
         with pytest.raises(ValueError, match=match):
             chunk_bwd_state_t(**dict(args, **{arg: bad}))
-    # with T in W's place: W's shape, and one gate row a head where (G, β) pairs are expected
+    # with T in W's place: W's shape, and one gate row a head, or the (G, β) pairs, where the
+    # four chain rows are expected
     with pytest.raises(ValueError, match="Ai must have shape"):
         chunk_bwd_state_t(**args, chain_t=True)
-    with pytest.raises(ValueError, match="gate_rows must have shape"):
-        chunk_bwd_state_t(**dict(args, w=torch.zeros(B, T, HV, 64, **bf)), chain_t=True)
+    for rows in (1, 2):
+        with pytest.raises(ValueError, match="gate_rows must have shape"):
+            chunk_bwd_state_t(**dict(args, w=torch.zeros(B, T, HV, 64, **bf),
+                                     gate_rows=torch.zeros(B * HV * rows, 128,
+                                                           dtype=torch.float64)), chain_t=True)

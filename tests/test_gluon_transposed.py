@@ -232,8 +232,14 @@ def test_chain_rows_are_the_gate_math_of_the_chain(T, monkeypatch):
     G0 = torch.where(valid, Gh, 0.)
     assert torch.equal(hi, G0.float().double())
     assert ((hi + lo - G0).abs() <= 2 ** -46 * G0.abs()).all()
-    with pytest.raises(ValueError, match="chain_rows"):
-        chunk_cumsum(g, C, gate_rows=[], chain_rows=True)
+    for bad in ([], None):
+        with pytest.raises(ValueError, match="chain_rows"):
+            chunk_cumsum(g, C, gate_rows=bad, chain_rows=True)
+    # laid out from an fp32 G (forward_t accepts any float G): fp64 rows of its values
+    rows32 = gate_rows_from(G.float(), [beta], chain_rows=True)
+    assert rows32.dtype == torch.float64 and rows32.shape == rows.shape
+    assert torch.equal(rows32.view(B, HV, 4, NT * C)[:, :, 0],
+                       pad(G.float().double().permute(0, 2, 1)))
 
 
 def test_num_segments():
