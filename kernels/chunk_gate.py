@@ -40,6 +40,10 @@ def gated_decay(b_G_row, b_G_col, mask):
     return tl.where(mask, tl.exp(tl.where(mask, diff, 0.)), 0.)
 
 
+# log2(e) in fp64 (the chain rows' G·log2(e); Python's float is fp64)
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
 @triton.jit
 def decay(b_D, valid):
     """exp(D) [C] fp32 on valid rows, else 0, for an fp64 exponent D ≤ 0 (G_i itself, or
@@ -56,10 +60,10 @@ def store_gate_rows(rows, b_G, beta, i_b, i_t, seqlen, T, i_hv, HV: tl.constexpr
     chain rows of forward_t; a TMA box's rows are a power of two): G, then six fp32 rows
     packed in three fp64 rows — β, e^G, the state update's decay e^{G_C − G}, γ = e^{G_C}
     in each entry (the per-step gate math the chain otherwise redoes from G: the same fp64
-    differences and fp32 exponentials, so the same bits), and G as an fp32 pair hi + lo
-    (hi = fp32(G), lo = fp32(G − hi): the output's pairwise differences G_i − G_j as
-    (hi_i − hi_j) + (lo_i − lo_j), fp32 instructions in place of fp64 ones, good to ~1e-7
-    relative where e^{G_i − G_j} does not underflow)."""
+    differences and fp32 exponentials, so the same bits), G·log2(e) rounded once to fp32
+    (the output's exponents (G_i − G_j)·log2(e) as differences of these, in base 2, the
+    exponential's own base: fp32 instructions in place of fp64 ones, no multiply an entry;
+    error analysis in gluon_transposed._scaled_scores), and a row of zeros (the box's last)."""
     NTC = tl.cdiv(T, BT) * BT
     o_i = tl.arange(0, BT)
     valid = i_t * BT + o_i < seqlen
@@ -81,9 +85,9 @@ def store_gate_rows(rows, b_G, beta, i_b, i_t, seqlen, T, i_hv, HV: tl.constexpr
             tl.store(p32 + 4 * NTC, decay(G_last - b_G, valid))
             tl.store(p32 + 4 * NTC + BT, tl.zeros([BT], tl.float32) +
                      tl.exp(G_last.to(tl.float32)))
-            G_hi = tl.where(valid, b_G, 0.).to(tl.float32)
-            tl.store(p32 + 6 * NTC, G_hi)
-            tl.store(p32 + 6 * NTC + BT, (tl.where(valid, b_G, 0.) - G_hi).to(tl.float32))
+            L = tl.where(valid, b_G * tl.full([BT], LOG2E, tl.float64), 0.)
+            tl.store(p32 + 6 * NTC, L.to(tl.float32))
+            tl.store(p32 + 6 * NTC + BT, tl.zeros([BT], tl.float32))
 
 
 @triton.jit

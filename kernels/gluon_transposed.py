@@ -201,9 +201,8 @@ def _gate_row(g_bufs, s, row: gl.constexpr):
 
 
 # the fp32 rows of a chain-row tile (CHAIN_GATE_BLOCK, as chunk_gate.store_gate_rows writes
-# it): its fp64 [4, C] as eight fp32 rows, G's two halves first
-BETA_ROW, EXP_G_ROW, DECAY_ROW, GAMMA_ROW, G_HI_ROW, G_LO_ROW = (gl.constexpr(r)
-                                                                  for r in range(2, 8))
+# it): its fp64 [4, C] as eight fp32 rows, G's two halves first, zeros last
+BETA_ROW, EXP_G_ROW, DECAY_ROW, GAMMA_ROW, LOG2_G_ROW = (gl.constexpr(r) for r in range(2, 7))
 
 
 @gluon.jit
@@ -246,6 +245,34 @@ def _masked_scores(qk, diff, valid, o_t, o_j):
     gives inf · 0."""
     incl = (o_t[:, None] >= o_j[None, :]) & valid[:, None]
     return (qk * gl.where(incl, gl.exp(gl.where(incl, diff, 0.)), 0.)).to(gl.bfloat16)
+
+
+@gluon.jit
+def _exp2_ftz(x):
+    """2^x elementwise by one ``ex2.approx.ftz.f32`` (MUFU.EX2). ``gl.exp2`` lowers to the
+    non-flushing form, which ptxas wraps in a range check and two multiplies an entry (FSETP,
+    FMUL, MUFU, FMUL) to reach subnormal results; flushed here, 2^x below 2^−126 is 0, and
+    +inf above 2^128."""
+    return gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x],
+                                     dtype=gl.float32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _scaled_scores(qk, l_i, l_j, incl):
+    """P = scale (Q Kᵀ) ⊙ M in bf16 from the chain rows' l = fp32(G·log2(e)): M_ij =
+    2^{l_i − l_j} ≈ e^{G_i − G_j} where incl (j ≤ i on rows before T), else 0, with l_i
+    carrying + log2(scale) (scale in the exponent: one add a row, no multiply an entry).
+    Above the diagonal 2^{…} may be +inf: the select, after the product, drops it.
+
+    Error: l = G·log2(e)(1 + δ), |δ| ≤ 2^-24, and the two fp32 operations add ≤ 2^-24 of
+    their results, so the exponent is off by ≤ ~2^-23 |G_i·log2(e)| where M_ij does not
+    underflow (|l_j| ≤ |l_i| there) — relative error of M ≤ 5.4e-4 at g = −70 a token
+    (|G| ≤ 4480 in a chunk of 64), ≤ 4e-5 at |g| ≤ 5, under P's own bf16 rounding (2^-9) in
+    both; fla's fp32 G has the same order. Measured against the fp64 recurrence (H200,
+    session 23): o and the final state equal to 4 digits to those of G·log2(e) as an fp32
+    pair (hi + lo, ~1e-7) in every gate regime of eval.cases, at T = 1000 and 2 × 4096."""
+    e = _exp2_ftz(l_i[:, None] - l_j[None, :])
+    return (qk * gl.where(incl, e, 0.)).to(gl.bfloat16)
 
 
 @gluon.jit
@@ -384,9 +411,16 @@ def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv
     O_BUFS: gl.constexpr = o_smem.type.shape[0] // GROUPS
     bos = i_n * T
     col = i_hv * V + i_v * BVr
-    # with the chain rows (V' on the chain): G as an fp32 pair, its differences in fp32 (the
-    # fp64 ones held 17 % of these warps' stall samples on the H200, session 22)
+    # with the chain rows (V' on the chain): the mask's exponents as differences of fp32
+    # G·log2(e) (fp64 differences held 17 % of these warps' stall samples on the H200,
+    # session 22), straight into 2^x, with scale in the exponent and in e^G's row: 623 / 682
+    # → 433 / 445 SASS instructions in the two output loops (session 23), not faster on the
+    # H200 (forward_t within ±1.5 %: the chain binds, not these warps)
     CHAIN_ROWS: gl.constexpr = g_bufs.type.shape[1] == 4
+    log2_scale = gl.log2(scale)
+    o_scale = 1.0
+    if not CHAIN_ROWS:
+        o_scale = scale
     for j in range(group, n, GROUPS):
         i_t = c0 + j
         s = j % STAGES
@@ -394,11 +428,9 @@ def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv
         mbarrier.wait(ready.index(s), phase)
         valid = i_t * BT + o_t < T
         if CHAIN_ROWS:
-            hi = _chain_row(g_bufs, s, G_HI_ROW, gl.SliceLayout(1, acc))
-            lo = _chain_row(g_bufs, s, G_LO_ROW, gl.SliceLayout(1, acc))
-            hi_j = _chain_row(g_bufs, s, G_HI_ROW, gl.SliceLayout(0, acc))
-            lo_j = _chain_row(g_bufs, s, G_LO_ROW, gl.SliceLayout(0, acc))
-            e_G = _chain_row(g_bufs, s, EXP_G_ROW, gl.SliceLayout(1, acc))
+            l_i = _chain_row(g_bufs, s, LOG2_G_ROW, gl.SliceLayout(1, acc)) + log2_scale
+            l_j = _chain_row(g_bufs, s, LOG2_G_ROW, gl.SliceLayout(0, acc))
+            e_G = _chain_row(g_bufs, s, EXP_G_ROW, gl.SliceLayout(1, acc)) * scale
         else:
             b_G = _gate_row(g_bufs, s, 0).load(gl.SliceLayout(1, acc))
             b_Gj = _gate_row(g_bufs, s, 0).load(gl.SliceLayout(0, acc))
@@ -422,10 +454,12 @@ def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv
                 gl.thread_barrier()
                 mbarrier.arrive(empty.index(s), count=1)
             if CHAIN_ROWS:
-                diff = (hi[:, None] - hi_j[None, :]) + (lo[:, None] - lo_j[None, :])
+                # rows past T are row-local (no later row reads them) and stored masked
+                p = _scaled_scores(qk, l_i, l_j, o_t[:, None] >= o_j[None, :])
             else:
-                diff = (b_G[:, None] - b_Gj[None, :]).to(gl.float32)
-            p = gl.convert_layout(_masked_scores(qk, diff, valid, o_t, o_j), a_op)
+                p = _masked_scores(qk, (b_G[:, None] - b_Gj[None, :]).to(gl.float32), valid,
+                                   o_t, o_j)
+            p = gl.convert_layout(p, a_op)
         mbarrier.wait(sv_ready.index(s), phase)
         b_o = warpgroup_mma(q_op, st_bufs.index(s).permute((1, 0)),
                             gl.zeros([BT, BVr], gl.float32, acc), use_acc=False)
@@ -435,7 +469,7 @@ def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv
         mbarrier.arrive(sv_empty.index(s), count=1)
         if not Q_REGS:
             mbarrier.arrive(empty.index(s), count=1)
-        out = (b_o * scale).to(o_desc.dtype)
+        out = (b_o * o_scale).to(o_desc.dtype)
         row = bos + i_t * BT
         if (i_t + 1) * BT <= T:
             # the TMA store that last read this staging tile (O_BUFS of this group's chunks

@@ -35,14 +35,16 @@ from tests.test_gluon_state_output import (assert_like_triton_state_output,  # n
     # output warpgroups; its map pass is the chain and the producer alone (68 KB). The
     # state update's low half where γ > 1/2 (STATE_UPDATE_LO): 4 k-steps more, in a branch;
     # its spills are outside the loop (the final state's store). Since session 22 the chain
-    # and the output read their gate math from the chain rows: 12 B of spills (were 52 / 60)
-    ("forward transposed gluon, V' on the chain", 60, 9, 16, 128, 227),
-    ("forward transposed gluon, V' on the chain, update hi only", 56, 9, 16, 128, 227),
-    ("forward transposed gluon, V' on the chain, update hi/lo every chunk", 60, 9, 16, 128,
+    # and the output read their gate math from the chain rows: 12 B of spills (were 52 / 60);
+    # since session 23 (the output's 2^x from fp32 G·log2(e)) 32 B of stores, 40 of loads,
+    # 1–3 of each in the output loops (623 / 682 → 433 / 445 instructions), none in the chain's
+    ("forward transposed gluon, V' on the chain", 60, 9, 40, 128, 227),
+    ("forward transposed gluon, V' on the chain, update hi only", 56, 9, 40, 128, 227),
+    ("forward transposed gluon, V' on the chain, update hi/lo every chunk", 60, 9, 40, 128,
      227),
     # as a training forward launches it: the checkpoint stores' branch (once every 64 chunks)
-    # spills 80 B of stores, 144 of loads (measured; 96 / 172 before session 22)
-    ("forward transposed gluon, V' on the chain, checkpoints", 60, 9, 144, 128, 227),
+    # spills 112 B of stores, 184 of loads (measured; 80 / 144 in session 22, 96 / 172 before)
+    ("forward transposed gluon, V' on the chain, checkpoints", 60, 9, 184, 128, 227),
     ("segment maps transposed gluon, V' on the chain", 20, 5, 0, 168, 227),
     # the first launch of a two-segment split: the state pass alone over segment 0 from h0
     ("segment 0's end state transposed gluon, V' on the chain", 20, 5, 0, 168, 100),
@@ -188,8 +190,8 @@ def test_gate_rows_written_by_chunk_cumsum_are_the_laid_out_ones(T, monkeypatch)
 @pytest.mark.parametrize("T", [128, 100, 1])
 def test_chain_rows_are_the_gate_math_of_the_chain(T, monkeypatch):
     """chunk_cumsum(..., gate_rows=[beta], chain_rows=True): G and, per chunk, β, e^G, the
-    update's decay e^{G_C − G}, γ = e^{G_C} and G as an fp32 pair hi + lo for the output's
-    differences (fp32: the exponent rounded to fp32 as the
+    update's decay e^{G_C − G}, γ = e^{G_C}, G·log2(e) rounded to fp32 for the output's
+    exponents and a row of zeros (fp32: the exponent rounded to fp32 as the
     chain rounded it, the differences taken in fp64; within 2e-5 of torch's exp of it, the
     fast exponential's error at exponents down to −87), zero past T where the chain must
     see no gate (β, e^G, decay), and the rows gate_rows_from lays out from G (B = 2, HV = 3,
@@ -227,11 +229,10 @@ def test_chain_rows_are_the_gate_math_of_the_chain(T, monkeypatch):
         assert ((x - ref).abs() <= 2e-5 * ref.abs() + torch.finfo(torch.float32).tiny).all(), \
             name
     assert (got["e^G"] == 0).any() or T == 1   # some e^G underflowed: no inf or NaN
-    # G as an fp32 pair: hi = fp32(G), lo = fp32(G − hi) (48 bits), zero past T
-    hi, lo = f32[:, :, 2, :, 0].double(), f32[:, :, 2, :, 1].double()
-    G0 = torch.where(valid, Gh, 0.)
-    assert torch.equal(hi, G0.float().double())
-    assert ((hi + lo - G0).abs() <= 2 ** -46 * G0.abs()).all()
+    # G·log2(e) rounded once to fp32 (the product in fp64), zero past T; then zeros
+    L = torch.where(valid, Gh * math.log2(math.e), 0.)
+    assert torch.equal(f32[:, :, 2, :, 0].double(), L.float().double())
+    assert (f32[:, :, 2, :, 1] == 0).all()
     for bad in ([], None):
         with pytest.raises(ValueError, match="chain_rows"):
             chunk_cumsum(g, C, gate_rows=bad, chain_rows=True)
@@ -527,8 +528,9 @@ def _chain_form_in_torch(q, k, v, G, beta, Ai, scale, h0, round_h=True, round_x=
                          lo_above=math.inf):
     """forward_t's chain form (CHAIN_T) in torch with the kernel's roundings, a chunk at a
     time (dense batches whose T is a multiple of 64, or B = 1): h_c = bf16(S); X = bf16(β (V −
-    e^G (K h_c))); V' = T X in fp32; S ← e^{G_C} S + Kᵀ bf16(e^{G_C − G} V'); O = scale
-    (e^G (Q h_c) + bf16((Q Kᵀ) ⊙ M) bf16(V')). Products of bf16 values accumulate in fp32
+    e^G (K h_c))); V' = T X in fp32; S ← e^{G_C} S + Kᵀ bf16(e^{G_C − G} V'); O = scale e^G
+    (Q h_c) + bf16(scale (Q Kᵀ) ⊙ M) bf16(V') (scale inside P's rounding, as the kernel
+    takes it in P's exponent since session 23). Products of bf16 values accumulate in fp32
     (TF32 off), so it differs from the kernel only in summation order. Returns (o bf16,
     final state fp32). round_h, round_x: False leaves h_c, X in fp32 (what each rounding
     costs); lo_above: the update takes e^{G_C − G} V' as its bf16 high and low halves, two
@@ -571,10 +573,10 @@ def _chain_form_in_torch(q, k, v, G, beta, Ai, scale, h0, round_h=True, round_x=
             incl = torch.tril(torch.ones(C, C, dtype=torch.bool, device=q.device)) & \
                 valid[:, None]
             diff = (g.unsqueeze(-1) - g.unsqueeze(-2)).float()
-            P = f32((Qc @ Kc.transpose(-1, -2)) *
+            P = f32(scale * (Qc @ Kc.transpose(-1, -2)) *
                     torch.where(incl, torch.exp(torch.where(incl, diff, 0.)), 0.))
-            Oc = (Qc @ h16) * torch.exp(g.float()).unsqueeze(-1) + P @ f32(Vn)
-            o[:, rows] = (Oc * scale).transpose(1, 2)
+            Oc = (Qc @ h16) * (scale * torch.exp(g.float())).unsqueeze(-1) + P @ f32(Vn)
+            o[:, rows] = Oc.transpose(1, 2)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = was
     return o[:, :T].to(q.dtype), S
