@@ -104,7 +104,7 @@ def rel_diff(x, ref):
 def bench_forward(shapes, bandwidth, fla_chunk, backward, backward_graph=False):
     import triton
     from gdn_fused import chunk_gated_delta_rule
-    from gdn_fused.kernels import chunk_bwd, fused_fwd
+    from gdn_fused.kernels import chunk_bwd, fused_fwd, pdl
     from gdn_fused.kernels.chunk_index import sm_count
     from gdn_fused.kernels.materialized import uses_state_output_kernel
     from gdn_fused.ops import resolve_backend
@@ -156,6 +156,10 @@ def bench_forward(shapes, bandwidth, fla_chunk, backward, backward_graph=False):
                 # and the default where every chunk takes the low half through its branch
                 # (g = 0: γ = 1; the time only, these gates' outputs are not compared)
                 fused_with("g_zero", gates=torch.zeros_like(g))
+            if name == "fused" and pdl.pdl_applies(q.device):
+                # A/B in the same run: every launch plain, no programmatic dependent launch
+                # between cumsum, the inverse and forward_t (kernels/pdl.py)
+                fused_with("no_pdl", (pdl, "PDL", False))
             if (name == "fused" and fused_fwd.uses_warp_specialized(q, v, CHUNK, None)
                     and fused_fwd.inverse_cut(B, T, v.shape[2], q.device, CHUNK)):
                 # A/B in the same run: the whole inverse before forward_t instead of segment

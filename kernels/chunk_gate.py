@@ -14,6 +14,7 @@ import triton.language as tl
 
 from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.chunk_index import chunk_head_grid, chunk_head_program
+from gdn_fused.kernels.pdl import launch_dependents, pdl_options, wait_for_previous_grid
 
 
 @triton.jit
@@ -92,7 +93,13 @@ def store_gate_rows(rows, b_G, beta, i_b, i_t, seqlen, T, i_hv, HV: tl.constexpr
 
 @triton.jit
 def chunk_cumsum_kernel(g, G, beta, rows, cu_seqlens, chunk_indices, T, HV: tl.constexpr,
-                        BT: tl.constexpr, IS_VARLEN: tl.constexpr, ROWS: tl.constexpr):
+                        BT: tl.constexpr, IS_VARLEN: tl.constexpr, ROWS: tl.constexpr,
+                        PDL: tl.constexpr = False):
+    """G (and the gate rows) of chunk i_t of a head. PDL (kernels/pdl.py): wait for the
+    previous grid first, then let the next one (the inverse) start."""
+    if PDL:
+        wait_for_previous_grid()
+        launch_dependents()
     i_t, i_hv, _, bos, seqlen = chunk_head_program(T, cu_seqlens, chunk_indices, HV, HV, BT,
                                                    IS_VARLEN)
     b_G = chunk_log_decay(g, bos, i_t, seqlen, i_hv, HV, BT)
@@ -155,7 +162,7 @@ def chunk_cumsum(g, chunk_size, cu_seqlens=None, chunk_indices=None, num_chunks=
         rows = G.new_empty(B * HV * R, NT * chunk_size)
     direct.launch(chunk_cumsum_kernel, chunk_head_grid(NT, B, HV), g, G, beta, rows,
                   cu_seqlens, chunk_indices, T, HV=HV, BT=chunk_size,
-                  IS_VARLEN=cu_seqlens is not None, ROWS=R)
+                  IS_VARLEN=cu_seqlens is not None, ROWS=R, **pdl_options(g.device))
     return G if gate_rows is None else (G, rows)
 
 

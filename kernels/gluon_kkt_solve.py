@@ -56,6 +56,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.gluon_wu import TF32_DROP, _sum
+from gdn_fused.kernels.pdl import gl_launch_dependents, gl_wait_for_previous_grid, pdl_options
 
 BLOCK = gl.constexpr(16)  # diagonal block: the substitution's 15 rows, mma_v2's M
 NB = gl.constexpr(4)  # diagonal blocks of a chunk of 64
@@ -360,7 +361,7 @@ def kkt_solve_from_k_gluon_kernel(k, G, beta, Ai, cu_seqlens, chunk_indices, T, 
                                   KA: gl.constexpr, KEYS: gl.constexpr,
                                   KEYS_SMEM: gl.constexpr, IS_VARLEN: gl.constexpr,
                                   HEADS: gl.constexpr = 1, STAGED_GATES: gl.constexpr = True,
-                                  SWIZZLED: gl.constexpr = SWIZZLED_A):
+                                  SWIZZLED: gl.constexpr = SWIZZLED_A, PDL: gl.constexpr = False):
     """kkt_solve_gluon_kernel with A formed on chip: the chunk's keys [64, K] (16-bit) go into
     shared memory once, each of the ten lower 16 × 16 blocks of K Kᵀ is one mma_v2 product
     (bf16/fp16 in, fp32 accumulate, as chunk_kkt's tl.dot), gated and scaled as chunk_kkt
@@ -385,7 +386,11 @@ def kkt_solve_from_k_gluon_kernel(k, G, beta, Ai, cu_seqlens, chunk_indices, T, 
     (:data:`STAGED_GATES`): each head's G and β rows go to shared memory once (0.75 KB a head
     with fp64 G and fp32 β: 17,152 B a program for one head, 28,160 B for two, still 8 an SM
     of the H200's 228 KB at 1 KB reserved a program), where every block's gating reads them
-    (session 13: 229 → 216 µs at (8, 4096), the same bits)."""
+    (session 13: 229 → 216 µs at (8, 4096), the same bits). PDL (kernels/pdl.py): wait for
+    the previous grid (the cumsum) first, then let the next one (forward_t) start."""
+    if PDL:
+        gl_wait_for_previous_grid()
+        gl_launch_dependents()
     BT: gl.constexpr = NB * BLOCK
     i_t, i_hv, bos, seqlen = _program(T, NBH, cu_seqlens, chunk_indices, HV // HEADS,
                                       IS_VARLEN)
@@ -561,5 +566,6 @@ def kkt_solve_from_k_gluon(k, G, beta, num_value_heads, output_dtype=torch.float
         KEYS=keys, KEYS_SMEM=keys_smem, IS_VARLEN=cu_seqlens is not None, HEADS=heads,
         STAGED_GATES=STAGED_GATES if staged_gates is None else bool(staged_gates),
         SWIZZLED=SWIZZLED_A if swizzled is None else bool(swizzled),
-        num_warps=NUM_WARPS, **({} if maxnreg is None else {"maxnreg": maxnreg}))
+        num_warps=NUM_WARPS, **({} if maxnreg is None else {"maxnreg": maxnreg}),
+        **pdl_options(k.device))
     return Ai

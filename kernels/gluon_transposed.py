@@ -137,6 +137,7 @@ from gdn_fused.kernels.chunk_gate import gate_rows_from
 from gdn_fused.kernels.chunk_index import sm_count
 from gdn_fused.kernels.chunk_state import SEGMENT_CHUNKS, checkpoint_slabs
 from gdn_fused.kernels.gluon_wu import _max, _sum
+from gdn_fused.kernels.pdl import gl_wait_for_previous_grid, pdl_options
 from gdn_fused.kernels import streams
 
 BV = 64  # value rows of Sᵀ a program: wgmma's M, one warpgroup
@@ -668,7 +669,7 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
                                 CHAIN_T: gl.constexpr = False,
                                 SEG0_END: gl.constexpr = False,
                                 UPDATE_LO: gl.constexpr = False,
-                                LO_ABOVE: gl.constexpr = 0.5):
+                                LO_ABOVE: gl.constexpr = 0.5, PDL: gl.constexpr = False):
     """Grid (SW / BV, B·HV, segments). MAP: the state pass alone over the K + V columns of
     [M | b] from [I | 0] (SW = K + V) for segments 0 … NS − 2, each stored to ht's segment
     slab; else the pass with the output over segment i_seg (SW = V), starting from h0's
@@ -688,7 +689,10 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
     segment 0 from h0's slab 0, its end state stored to ht's slab 1 (the state entering
     segment 1, as the unsplit pass carries it). UPDATE_LO: the state update takes D V' as
     its bf16 high and low halves (STATE_UPDATE_LO) in the chunks that keep more than
-    LO_ABOVE of the state (γ = e^{G_C} > LO_ABOVE; every chunk where LO_ABOVE < 0)."""
+    LO_ABOVE of the state (γ = e^{G_C} > LO_ABOVE; every chunk where LO_ABOVE < 0). PDL
+    (kernels/pdl.py): wait for the previous grid (the inverse) before anything else."""
+    if PDL:
+        gl_wait_for_previous_grid()
     gl.static_assert(not (CHAIN_T and WU), "CHAIN_T replaces the W/U warpgroup")
     gl.static_assert(not SEG0_END or (NS == 2 and not MAP and not OUTPUT),
                      "SEG0_END: the state pass alone over segment 0 of two")
@@ -1063,6 +1067,7 @@ def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_fina
     descs.append(TensorDescriptor.from_tensor(gate_rows, gate_block, gate_layout))
     NS = _segment_count(B, NT, HV, q.device, segments)
     consts = dict(H=H, HV=HV, K=K, V=V, NS=NS, STAGES=num_stages, num_warps=4,
+                  **pdl_options(q.device),
                   WU=wu and not chain_t, CHAIN_T=chain_t,
                   # (the fused forward's form only: the W/U forms stay the bits of the Triton
                   # state pass they stand in for)
