@@ -156,6 +156,10 @@ def bench_forward(shapes, bandwidth, fla_chunk, backward, backward_graph=False):
                 # and the default where every chunk takes the low half through its branch
                 # (g = 0: γ = 1; the time only, these gates' outputs are not compared)
                 fused_with("g_zero", gates=torch.zeros_like(g))
+            if name == "fused" and fused_fwd.uses_warp_specialized(q, v, CHUNK, None):
+                # A/B in the same run: forward_t with two output warpgroups on alternate chunks
+                # (session 18 to 22's form) against one (gluon_transposed.CHAIN_OUTPUT_GROUPS)
+                fused_with("two_output_groups", (gluon_transposed, "CHAIN_OUTPUT_GROUPS", 2))
             if name == "fused" and pdl.pdl_applies(q.device):
                 # A/B in the same run: every launch plain, no programmatic dependent launch
                 # between cumsum, the inverse and forward_t (kernels/pdl.py)

@@ -323,13 +323,24 @@ def _gluon_transposed_wu_checkpoints():
 
 def _gluon_transposed_chain_t(output: bool = True, map_pass: bool = False):
     """forward_t with V' formed on the chain from T and v (CHAIN_T): the ring as with WU, no
-    W/U warpgroup; two output warpgroups on alternate chunks when it has the output."""
+    W/U warpgroup; CHAIN_OUTPUT_GROUPS output warpgroups on alternate chunks when it has the
+    output (compile with :func:`_chain_t_maxnreg`)."""
     from gdn_fused.kernels.gluon_transposed import (CHAIN_GATE_BLOCK, CHAIN_GATE_LAYOUT,
-                                                    STATE_UPDATE_LO, STATE_UPDATE_LO_ABOVE)
+                                                    CHAIN_OUTPUT_GROUPS, STATE_UPDATE_LO,
+                                                    STATE_UPDATE_LO_ABOVE)
     fn, sig, consts = _gluon_transposed_wu(output, map_pass)
     sig["g_desc"] = tensordesc("fp64", CHAIN_GATE_BLOCK, CHAIN_GATE_LAYOUT)
-    return fn, sig, {**consts, "WU": False, "CHAIN_T": True, "OUT_GROUPS": 2 if output else 1,
+    return fn, sig, {**consts, "WU": False, "CHAIN_T": True,
+                     "OUT_GROUPS": CHAIN_OUTPUT_GROUPS if output else 1,
                      "UPDATE_LO": STATE_UPDATE_LO, "LO_ABOVE": STATE_UPDATE_LO_ABOVE}
+
+
+def _chain_t_maxnreg():
+    """forward_t's register cap at launch as gluon_transposed._launch sets it for its main
+    launch (two output warpgroups: MAXNREG_TWO_OUTPUTS, else MAXNREG)."""
+    from gdn_fused.kernels.gluon_transposed import (CHAIN_OUTPUT_GROUPS, MAXNREG,
+                                                    MAXNREG_TWO_OUTPUTS)
+    return MAXNREG_TWO_OUTPUTS if CHAIN_OUTPUT_GROUPS == 2 else MAXNREG
 
 
 def _gluon_transposed_chain_t_update(lo: bool, lo_above: float = -1.0):
@@ -465,15 +476,16 @@ def _kernels() -> dict:
         "forward transposed gluon, W/U on chip, checkpoints": (
             _gluon_transposed_wu_checkpoints, dict(num_warps=4, maxnreg=T_MAXNREG_WU)),
         "forward transposed gluon, V' on the chain": (
-            _gluon_transposed_chain_t, dict(num_warps=4, maxnreg=T_MAXNREG_2)),
+            _gluon_transposed_chain_t, dict(num_warps=4, maxnreg=_chain_t_maxnreg())),
         "forward transposed gluon, V' on the chain, update hi only": (
             lambda: _gluon_transposed_chain_t_update(False), dict(num_warps=4,
-                                                                  maxnreg=T_MAXNREG_2)),
+                                                                  maxnreg=_chain_t_maxnreg())),
         "forward transposed gluon, V' on the chain, update hi/lo every chunk": (
             lambda: _gluon_transposed_chain_t_update(True), dict(num_warps=4,
-                                                                 maxnreg=T_MAXNREG_2)),
+                                                                 maxnreg=_chain_t_maxnreg())),
         "forward transposed gluon, V' on the chain, checkpoints": (
-            _gluon_transposed_chain_t_checkpoints, dict(num_warps=4, maxnreg=T_MAXNREG_2)),
+            _gluon_transposed_chain_t_checkpoints, dict(num_warps=4,
+                                                        maxnreg=_chain_t_maxnreg())),
         "segment 0's end state transposed gluon, V' on the chain": (
             lambda: _gluon_transposed_seg0_end(), dict(num_warps=4, maxnreg=T_MAXNREG)),
         "segment maps transposed gluon, V' on the chain": (

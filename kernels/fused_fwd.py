@@ -70,8 +70,10 @@ PRECOMPUTE_INVERSE = True
 # tokens), the fused forward runs the same structure as this kernel (every chunk's T first,
 # chunk-parallel, then one launch over the chunks doing W, U, the state recurrence and the
 # output on chip) warp-specialized in Gluon: kernels/gluon_transposed.forward_t, whose state
-# chain forms V' = T D_β (V − D_{e^G} K S) itself beside two output warpgroups (session 18;
-# sessions 10–17 a fourth warpgroup formed W and U), after the Gluon kkt_solve_from_k's bf16 T.
+# chain forms V' = T D_β (V − D_{e^G} K S) itself beside its output warpgroup (session 18, two
+# until session 23; sessions 10–17 a fourth warpgroup formed W and U), after the Gluon
+# kkt_solve_from_k's bf16 T; the three launches chained by programmatic dependent launch
+# (kernels/pdl.py).
 # This plain-Triton kernel keeps every other input, the interpreter and the launch overrides
 # (a call naming num_segments, precompute_inverse, block_v, num_warps or num_stages runs it).
 # H200, (1, 32768): 4.00 ms for this kernel (register spills of a one-program-per-head chunk

@@ -77,9 +77,10 @@ the split gives the unsplit pass's bits.
 ``forward_t``, the fused backend's forward on Hopper (kernels/fused_fwd.py,
 WARP_SPECIALIZED): the forward after kkt_solve_from_k's bf16 inverse T in this one kernel, its
 ring holding T, v and the gate rows in place of W and U (with V' on the chain the chain rows,
-``CHAIN_GATE_BLOCK``: G and, in fp32, β, e^G, the update's decay, γ and G as hi + lo, written by
-chunk_cumsum; with the W/U warpgroup the (G, β) pairs). Since session 18 (``CHAIN_T``, the
-default ``T_ON_CHAIN``) the chain forms V' itself, by the algebra of the plain fused kernel
+``CHAIN_GATE_BLOCK``: G and, in fp32, β, e^G, the update's decay, γ and G·log2(e) (the
+output's exponents since session 23; G as hi + lo in session 22), written by chunk_cumsum;
+with the W/U warpgroup the (G, β) pairs). Since session 18 (``CHAIN_T``, the default
+``T_ON_CHAIN``) the chain forms V' itself, by the algebra of the plain fused kernel
 (kernels/fused_fwd.py: W is never formed):
 
     V'ᵀ = (Vᵀ − (Sᵀ Kᵀ) D_{e^G}) D_β Tᵀ
@@ -100,7 +101,11 @@ state carries far (at (1, 8192) with g = 0: o 4.54e-3 → 4.00e-3, final state 3
 within ±0.35e-3 either way in short cases (at (4, 40) the state 2.00e-3 → 2.34e-3;
 docs/fused_design.md, session 18). Since session 21 the state update takes D V' as high and
 low halves where a chunk keeps more than half of the state (STATE_UPDATE_LO): g = 0 at
-(1, 8192) o 3.47e-3, final state 2.45e-3.
+(1, 8192) o 3.47e-3, final state 2.45e-3. Since session 23 the output's mask is 2^{l_i − l_j}
+from fp32 rows l = G·log2(e) (ex2.approx.ftz, scale in the exponent): its loop 623 → 382 SASS
+instructions a chunk, short enough for one output warpgroup to keep up with the chain
+(``CHAIN_OUTPUT_GROUPS = 1``: 160 KB, 168 registers at launch, no spills; fused forward
+−0.5 to −2.4 % on the H200, the same bits).
 
 The W/U form (``WU``, ``forward_t(t_on_chain=False)``, the route from session 10 to 17): a
 fourth warpgroup forms each chunk's W and U from T and the ring's k and v (207 KB of shared
@@ -163,11 +168,19 @@ WU_REGS_P = gl.constexpr(160)
 # vs 621 at (8, 4096), 1,338 vs 1,322 at (32, 2048) (session 12, docs/speed_log.md): the
 # store's own work (shared-memory write, fence, barrier) is what costs, not the wait
 O_STAGING = gl.constexpr(1)
-# output warpgroups taking alternate chunks (OUT_GROUPS), and the launch's register cap then
-# (4 + 4 + 4 + 1 warps, padded to 16, as with W/U on chip)
+# output warpgroups taking alternate chunks (OUT_GROUPS) in chunk_state_output_t (W and U
+# from HBM: the materialized route), and the launch's register cap then (4 + 4 + 4 + 1 warps,
+# padded to 16, as with W/U on chip)
 OUTPUT_GROUPS = 2
-# forward_t's V' formed by the chain from T and v (CHAIN_T), two output warpgroups, no W/U
-# warpgroup (session 18; the W/U form is t_on_chain=False)
+# forward_t's (V' on the chain): two from session 18, when the output's chunk (~1,300 SASS
+# instructions with its fp64 mask) outlasted the chain's step; one since session 23, whose
+# output loop (2^x from fp32 rows, 382 instructions) keeps up: the same bits, fused forward
+# graph −1.6 % at (8, 4096), −0.5 % at (1, 32768), −1.8 % at (32, 2048), −2.4 % at
+# (1, 8192), +0.4 % at (1, 2048) on the H200; 160 KB of shared memory instead of 168, 168
+# registers at launch, no spills (32 / 40 B with two)
+CHAIN_OUTPUT_GROUPS = 1
+# forward_t's V' formed by the chain from T and v (CHAIN_T), no W/U warpgroup (session 18;
+# the W/U form is t_on_chain=False)
 T_ON_CHAIN = True
 MAXNREG_TWO_OUTPUTS = 128
 # the main launch's constexprs chunk_state_output_t's and forward_t's ``variant`` may set
@@ -1186,12 +1199,12 @@ def forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state, se
     (``chain_rows=False``, the (G, β) pairs, for ``t_on_chain=False``), or None to lay them
     out here;
     checkpoints: as :func:`chunk_state_output_t`'s; t_on_chain: V' formed by the chain
-    from T and v with two output warpgroups (``CHAIN_T``) instead of W and U by a fourth
-    warpgroup (None: ``T_ON_CHAIN``); beside_seg0_end: None, or a callable that writes Ai's
-    rows past :func:`segment0_chunks`' chunks (the caller filled those before): run beside
-    segment 0's state pass alone, which reads only segment 0's T, on the SMs it leaves idle
-    (first where there is no such pass); the rest (variant too: launch variants such as
-    P_ON_WU, of the W/U form) as :func:`chunk_state_output_t`.
+    from T and v with :data:`CHAIN_OUTPUT_GROUPS` output warpgroups (``CHAIN_T``) instead of
+    W and U by a fourth warpgroup (None: ``T_ON_CHAIN``); beside_seg0_end: None, or a
+    callable that writes Ai's rows past :func:`segment0_chunks`' chunks (the caller filled
+    those before): run beside segment 0's state pass alone, which reads only segment 0's T,
+    on the SMs it leaves idle (first where there is no such pass); the rest (variant too:
+    launch variants such as P_ON_WU, of the W/U form) as :func:`chunk_state_output_t`.
     Returns (o [B, T, HV, 128] bf16, final state fp32 or None); raises ValueError as
     chunk_state_output_t does (naming v and Ai), for checkpoints of another shape and for
     P_ON_WU without the W/U form, and for a non-contiguous Ai with beside_seg0_end."""
@@ -1214,7 +1227,7 @@ def forward_t(q, k, v, G, beta, Ai, scale, initial_state, output_final_state, se
     return _launch(q, k, Ai, v, gate_rows, scale, initial_state,
                    output_final_state, True, NUM_STAGES, segments, True, variant=variant,
                    checkpoints=checkpoints, t_on_chain=t_on_chain,
-                   output_groups=OUTPUT_GROUPS if t_on_chain else 1,
+                   output_groups=CHAIN_OUTPUT_GROUPS if t_on_chain else 1,
                    beside_seg0_end=beside_seg0_end)
 
 

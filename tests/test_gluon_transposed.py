@@ -31,20 +31,18 @@ from tests.test_gluon_state_output import (assert_like_triton_state_output,  # n
     # scalar spills in the W/U role's loop (measured; 48 in its map pass)
     ("forward transposed gluon, W/U on chip", 40, 8, 36, 128, 227),
     ("segment maps transposed gluon, W/U on chip", 20, 5, 48, 128, 227),
-    # V' formed on the chain (the default forward_t): + Xᵀ Tᵀ (4 k-steps) on the chain, two
-    # output warpgroups; its map pass is the chain and the producer alone (68 KB). The
-    # state update's low half where γ > 1/2 (STATE_UPDATE_LO): 4 k-steps more, in a branch;
-    # its spills are outside the loop (the final state's store). Since session 22 the chain
-    # and the output read their gate math from the chain rows: 12 B of spills (were 52 / 60);
-    # since session 23 (the output's 2^x from fp32 G·log2(e)) 32 B of stores, 40 of loads,
-    # 1–3 of each in the output loops (623 / 682 → 433 / 445 instructions), none in the chain's
-    ("forward transposed gluon, V' on the chain", 60, 9, 40, 128, 227),
-    ("forward transposed gluon, V' on the chain, update hi only", 56, 9, 40, 128, 227),
-    ("forward transposed gluon, V' on the chain, update hi/lo every chunk", 60, 9, 40, 128,
-     227),
-    # as a training forward launches it: the checkpoint stores' branch (once every 64 chunks)
-    # spills 112 B of stores, 184 of loads (measured; 80 / 144 in session 22, 96 / 172 before)
-    ("forward transposed gluon, V' on the chain, checkpoints", 60, 9, 184, 128, 227),
+    # V' formed on the chain (the default forward_t): + Xᵀ Tᵀ (4 k-steps) on the chain; its
+    # map pass is the chain and the producer alone (68 KB). The state update's low half where
+    # γ > 1/2 (STATE_UPDATE_LO): 4 k-steps more, in a branch. Since session 22 the chain and
+    # the output read their gate math from the chain rows; since session 23 one output
+    # warpgroup (CHAIN_OUTPUT_GROUPS; two took 20 k-steps and a TMA store more, 168 KB, 32 / 40 B
+    # of spills, checkpoints 112 / 184): 168 registers at launch, 160 KB, no spills, the
+    # checkpoint stores' branch (once every 64 chunks) included
+    ("forward transposed gluon, V' on the chain", 40, 8, 0, 168, 160),
+    ("forward transposed gluon, V' on the chain, update hi only", 36, 8, 0, 168, 160),
+    ("forward transposed gluon, V' on the chain, update hi/lo every chunk", 40, 8, 0, 168,
+     160),
+    ("forward transposed gluon, V' on the chain, checkpoints", 40, 8, 0, 168, 160),
     ("segment maps transposed gluon, V' on the chain", 20, 5, 0, 168, 227),
     # the first launch of a two-segment split: the state pass alone over segment 0 from h0
     ("segment 0's end state transposed gluon, V' on the chain", 20, 5, 0, 168, 100),
