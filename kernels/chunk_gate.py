@@ -11,10 +11,11 @@ vector e^{D})."""
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.chunk_index import chunk_head_grid, chunk_head_program
-from gdn_fused.kernels.pdl import launch_dependents, pdl_options, wait_for_previous_grid
+from gdn_fused.kernels.pdl import pdl_options
 
 
 @triton.jit
@@ -98,8 +99,8 @@ def chunk_cumsum_kernel(g, G, beta, rows, cu_seqlens, chunk_indices, T, HV: tl.c
     """G (and the gate rows) of chunk i_t of a head. PDL (kernels/pdl.py): wait for the
     previous grid first, then let the next one (the inverse) start."""
     if PDL:
-        wait_for_previous_grid()
-        launch_dependents()
+        gdc_wait()
+        gdc_launch_dependents()
     i_t, i_hv, _, bos, seqlen = chunk_head_program(T, cu_seqlens, chunk_indices, HV, HV, BT,
                                                    IS_VARLEN)
     b_G = chunk_log_decay(g, bos, i_t, seqlen, i_hv, HV, BT)

@@ -23,8 +23,6 @@ import functools
 import os
 
 import torch
-import triton
-import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
@@ -49,30 +47,20 @@ def pdl_options(device: torch.device) -> dict:
     return dict(PDL=True, launch_pdl=True) if pdl_applies(device) else {}
 
 
-@triton.jit
-def wait_for_previous_grid():
-    """``griddepcontrol.wait`` (tl kernels): blocks until the grid this one depends on has
-    completed with its memory visible; a no-op for a plain launch."""
-    tl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=tl.int32,
-                              is_pure=False, pack=1)
-
-
-@triton.jit
-def launch_dependents():
-    """``griddepcontrol.launch_dependents`` (tl kernels): the next PDL launch may start."""
-    tl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [],
-                              dtype=tl.int32, is_pure=False, pack=1)
+# tl kernels call Triton's own triton.language.extra.cuda.gdc_wait / gdc_launch_dependents;
+# Gluon (Triton 3.6) has none, so these two are the same instructions for Gluon kernels
 
 
 @gluon.jit
 def gl_wait_for_previous_grid():
-    """:func:`wait_for_previous_grid` for Gluon kernels."""
+    """``griddepcontrol.wait``: blocks until the grid this one depends on has completed with
+    its memory visible; a no-op for a plain launch."""
     gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32,
                               is_pure=False, pack=1)
 
 
 @gluon.jit
 def gl_launch_dependents():
-    """:func:`launch_dependents` for Gluon kernels."""
+    """``griddepcontrol.launch_dependents``: the next PDL launch may start."""
     gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [],
                               dtype=gl.int32, is_pure=False, pack=1)
