@@ -646,14 +646,14 @@ def sweep_launch(shapes):
 
 def sweep_forward_t(shapes):
     """forward_t (the fused backend's kernel after the inverse) at each shape: by default (V'
-    formed on the chain, two output warpgroups), in its W/U-warpgroup form with and without
-    P formed there (P_ON_WU), with two staging tiles for O (O_BUFFERS = 2) and by default
-    again (the first timing of a shape ran 5–10 % slow in session 13's run), split as the
-    route splits, each against the default's o; then, unsplit, its roles added one at a time
-    (the chain alone with W and U from HBM, + the W/U warpgroup, + one output warpgroup, the
-    chain with one or two output warpgroups and W, U from HBM, the chain forming V' alone
-    and with two output warpgroups): what each role adds to a chunk step. do_bench medians
-    in µs."""
+    formed on the chain, gluon_transposed.CHAIN_OUTPUT_GROUPS output warpgroups), in its
+    W/U-warpgroup form with and without P formed there (P_ON_WU), with two staging tiles for
+    O (O_BUFFERS = 2) and by default again (the first timing of a shape ran 5–10 % slow in
+    session 13's run), split as the route splits, each against the default's o; then,
+    unsplit, its roles added one at a time (the chain alone with W and U from HBM, + the W/U
+    warpgroup, + one output warpgroup, the chain with one or two output warpgroups and W, U
+    from HBM, the chain forming V' alone and with one or two output warpgroups): what each
+    role adds to a chunk step. do_bench medians in µs."""
     import triton
     forward_t = _gluon_kernel("gluon_transposed", "forward_t",
                               "GDN_BENCH_SKIP_GLUON_T_EXPERIMENTAL")
@@ -684,9 +684,12 @@ def sweep_forward_t(shapes):
                 q, k, w, u, rows_g, 0.1, h0, True, True, stages, 1, False, output_groups=2),
             "chain forming V' from T and v": lambda: gt._launch(
                 q, k, Ai, v, rows_c, 0.1, h0, True, False, stages, 1, True, t_on_chain=True),
-            "chain forming V' + two output warpgroups (forward_t)": lambda: gt._launch(
+            "chain forming V' + one output warpgroup (forward_t)": lambda: gt._launch(
                 q, k, Ai, v, rows_c, 0.1, h0, True, True, stages, 1, True, t_on_chain=True,
-                output_groups=2),
+                output_groups=1),
+            "chain forming V' + two output warpgroups (forward_t to session 22)": lambda:
+                gt._launch(q, k, Ai, v, rows_c, 0.1, h0, True, True, stages, 1, True,
+                           t_on_chain=True, output_groups=2),
         }
         for name, fn in roles.items():
             fn()
