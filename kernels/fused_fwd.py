@@ -443,6 +443,10 @@ def _fused_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     q, k, v, g, beta = _kernel_layout(q, k, v, g, beta)
     if initial_state is not None:
         initial_state = initial_state.contiguous()
+    if cu_seqlens is not None:
+        # the kernels read offset i at cu_seqlens + i: a strided view (cu[::2]) read its
+        # other entries, silently (found by a new-user trial, session 23)
+        cu_seqlens = cu_seqlens.contiguous()
     o = torch.empty(B, T, HV, V, dtype=q.dtype, device=q.device)
     ht = torch.empty((N, HV, K, V) if output_final_state else (0,), dtype=torch.float32,
                      device=q.device)

@@ -117,6 +117,25 @@ def test_varlen_tail_and_empty_segment():
     assert torch.equal(ht[1], h[1])
 
 
+@pytest.mark.parametrize("backend", ["torch", "materialized", "fused"])
+def test_strided_cu_seqlens_read_as_their_values(backend):
+    """cu_seqlens as a strided view (every other entry of a buffer) gives the bits of its
+    contiguous copy, through the API and on every backend. Before session 23's fix the fused
+    kernels read offset i at cu_seqlens + i, the buffer's neighbouring entries: o 0.78 off,
+    final state entries up to 4e29, no error (a new-user trial found it)."""
+    from gdn_fused import chunk_gated_delta_rule
+    case = next(c for c in CASES if c[0] == "varlen-empty-tail")
+    q, k, v, g, b, h, cu = inputs(case, torch.float32)
+    wide = torch.stack([cu, torch.full_like(cu, 149)], dim=1).flatten()  # [0, 149, 40, 149, …]
+    strided = wide[::2]
+    assert torch.equal(strided, cu) and not strided.is_contiguous()
+    got = chunk_gated_delta_rule(q, k, v, g, b, 0.125, h, True, cu_seqlens=strided,
+                                 backend=backend)
+    want = chunk_gated_delta_rule(q, k, v, g, b, 0.125, h, True, cu_seqlens=cu,
+                                  backend=backend)
+    assert all(torch.equal(x, y) for x, y in zip(got, want))
+
+
 def test_split_matches_unsplit():
     """Composing segment maps gives the unsplit result up to rounding, g = 0 head included."""
     case = next(c for c in CASES if c[0] == "split2-mixed-c32")
