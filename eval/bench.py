@@ -946,6 +946,10 @@ def main(argv=None):
                         "kernel's time at B=1, T=32768; forward_t: the fused route's kernel, "
                         "its launch variants and its roles added one at a time at --shapes")
     args = p.parse_args(argv)
+    parts = [x for x in args.sweep.split(",") if x] if args.sweep is not None else []
+    unknown = set(parts) - set(SWEEPS)
+    if unknown:
+        p.error(f"--sweep: unknown parts {sorted(unknown)}; choose from {list(SWEEPS)}")
     if not torch.cuda.is_available():
         p.error("the benchmark needs a CUDA device")
     shapes = args.shapes
@@ -954,10 +958,6 @@ def main(argv=None):
         sweep_kkt_solve(bandwidth)
         return
     if args.sweep is not None:
-        parts = [x for x in args.sweep.split(",") if x]
-        unknown = set(parts) - set(SWEEPS)
-        if unknown:
-            p.error(f"--sweep: unknown parts {sorted(unknown)}; choose from {list(SWEEPS)}")
         for name in SWEEPS:  # fixed order: the most wanted numbers first
             if name in parts:
                 SWEEPS[name](shapes, bandwidth)

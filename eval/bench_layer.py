@@ -186,6 +186,12 @@ def main(argv=None):
     except ValueError as e:
         parser.error(f"--solve-method: {e}")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    from gdn_fused.validation import check_device_for_backend
+    try:
+        # before the HF fallback's minutes of timing, not after them
+        check_device_for_backend(args.backend, device, dtype)
+    except (ValueError, TypeError) as e:
+        parser.error(f"--backend {args.backend} on {args.device} in {args.dtype}: {e}")
 
     from gdn_fused.models import swap_gated_deltanet
 

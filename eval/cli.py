@@ -10,3 +10,12 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
+
+
+def power_of_two(text: str) -> int:
+    """argparse ``type=`` for warp counts and block sizes: a positive power of two, else a
+    parse error ("argument --X: must be a power of two, got 3")."""
+    value = positive_int(text)
+    if value & (value - 1):
+        raise argparse.ArgumentTypeError(f"must be a power of two, got {value}")
+    return value

@@ -71,6 +71,11 @@ def _profile(fn, calls=CALLS, top=25):
     return text.getvalue()
 
 
+# the calls --profile may name (calls_for's keys; the "route" ones below the routes' token
+# threshold only)
+PROFILED_NAMES = frozenset({"fused", "materialized", "fused route", "materialized route", "fla"})
+
+
 def calls_for(B, T):
     """{name: forward call} for the backends measured at (B, T)."""
     from gdn_fused import chunk_gated_delta_rule
@@ -278,9 +283,13 @@ def main(argv=None):
     p.add_argument("--breakdown", action="store_true",
                    help="instead: host time of each piece of the fused Hopper route at --shapes")
     args = p.parse_args(argv)
+    profiled = {x for x in args.profile.split(",") if x}
+    unknown = profiled - PROFILED_NAMES
+    if unknown:
+        p.error(f"--profile: unknown names {sorted(unknown)}; choose from "
+                f"{sorted(PROFILED_NAMES)}")
     if not torch.cuda.is_available():
         p.error("needs a CUDA device")
-    profiled = {x for x in args.profile.split(",") if x}
     if args.breakdown:
         for B, T in args.shapes:
             breakdown(B, T, "fused" in profiled)

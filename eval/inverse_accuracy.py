@@ -316,6 +316,8 @@ def main(argv=None):
         p.error(f"--head-dim must be ≥ 1 (keys are unit vectors), got {args.head_dim}")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device available")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        p.error(f"--out: {args.out} is a file; give the directory to write into")
     os.makedirs(args.out, exist_ok=True)
     gen = torch.Generator(device=args.device).manual_seed(args.seed)
 

@@ -31,6 +31,12 @@ except ImportError as e:  # the adapter is optional: say how to get it
     _NEEDS = ("the lm-eval adapter needs lm-evaluation-harness: `pip install \"lm-eval[hf]\"` "
               "(or `pip install -e .[lmeval]`)")
     if __name__ == "__main__":  # run as a script: the message alone, as argparse would
+        if {"-h", "--help"} & set(sys.argv[1:]):  # the options are readable without it
+            from .mmlu import build_parser
+            _parser = build_parser()
+            _parser.prog, _parser.epilog = "python -m eval.lm_eval_adapter", _NEEDS
+            _parser.print_help()
+            sys.exit(0)
         sys.exit(f"python -m eval.lm_eval_adapter: error: {_NEEDS}")
     raise ModuleNotFoundError(_NEEDS) from e
 

@@ -141,12 +141,25 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
                      f"available: {', '.join(available) or '(none)'}")
     if args.num_fewshot < 0:
         parser.error(f"--num-fewshot must be >= 0, got {args.num_fewshot}")
+    for subject in args.subjects:
+        # the splits' sizes now, not after the model has loaded (small CSV files)
+        try:
+            dev, test = (read_split(args.data_dir, subject, split) for split in ("dev", "test"))
+        except (OSError, ValueError) as e:
+            parser.error(f"--data-dir: {subject}: {e}")
+        if len(dev) < args.num_fewshot:
+            parser.error(f"--num-fewshot {args.num_fewshot}: {subject} has only {len(dev)} dev "
+                         "questions")
+        if not test:
+            parser.error(f"--data-dir: {subject} has no test questions")
     if args.model is not None and not Path(args.model).is_dir():
         parser.error(f"--model: {args.model} is not a checkpoint directory")
     try:
         device = torch.device(args.device)
     except RuntimeError as e:
         parser.error(f"--device: {e}")
+    if device.type not in ("cpu", "cuda"):
+        parser.error(f"--device must be cpu or cuda[:N], got {args.device!r}")
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available")
     if args.batch_size is None:
@@ -180,6 +193,10 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     if args.out.is_dir():
         parser.error(f"--out: {args.out} is a directory; give the JSON file to write")
     existed = args.out.exists()
+    # the folders this check creates, outermost first: removed again with the probe file
+    created = [d for d in reversed(args.out.parent.absolute().parents) if not d.exists()]
+    if not args.out.parent.exists():
+        created.append(args.out.parent.absolute())
     try:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         with open(args.out, "a"):
@@ -188,6 +205,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error(f"--out: cannot write {args.out}: {e}")
     if not existed:
         args.out.unlink()
+        for d in reversed(created):
+            d.rmdir()
 
 
 class _LogLines(logging.Handler):

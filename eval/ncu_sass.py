@@ -70,7 +70,8 @@ def summarise(name, rows, roles=1, top=0, listing=False):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m eval.ncu_sass",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("csv", help="ncu's source page as CSV")
     parser.add_argument("--roles", type=int, default=1,
                         help="loops (execution counts) to summarise, most samples first")
@@ -79,9 +80,16 @@ def main(argv=None):
     parser.add_argument("--list", action="store_true",
                         help="every instruction of the loops, in order, with its samples")
     args = parser.parse_args(argv)
-    with open(args.csv) as f:
-        for name, rows in kernels(f.read()):
-            print(summarise(name, rows, args.roles, args.top, args.list))
+    try:
+        with open(args.csv) as f:
+            text = f.read()
+    except OSError as e:
+        parser.error(f"csv: cannot read {args.csv}: {e.strerror}")
+    found = list(kernels(text))
+    if not found:
+        parser.error(f"csv: {args.csv} holds no ncu source page (no kernel with SASS rows)")
+    for name, rows in found:
+        print(summarise(name, rows, args.roles, args.top, args.list))
 
 
 if __name__ == "__main__":

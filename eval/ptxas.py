@@ -526,7 +526,8 @@ def _main(argv) -> int:
     p.add_argument("--loops", action="store_true",
                    help="also count each innermost loop's SASS instructions (sm_90a)")
     p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
-                   help="constexpr overrides (Python literals), e.g. P_ON_WU=True")
+                   help="constexpr overrides (Python literals), e.g. P_ON_WU=True; each applies "
+                        "to the selected kernels that have that constexpr")
     args = p.parse_args(argv)
     import ast
     overrides = {}
@@ -536,16 +537,25 @@ def _main(argv) -> int:
             overrides[key] = ast.literal_eval(value)
         except (ValueError, SyntaxError):
             p.error(f"--set: {item!r} is not KEY=<Python literal>")
+    names = list(dict.fromkeys(args.kernels))  # each once, in the order given
+    builds = {name: kernels[name][0]() for name in names}
+    constexprs = {name: {q.name for q in fn.params if q.is_constexpr}
+                  for name, (fn, _, _) in builds.items()}
+    for key in overrides:
+        if not any(key in c for c in constexprs.values()):
+            which = ", ".join(names) if len(names) <= 3 else f"all {len(names)} of them"
+            p.error(f"--set: {key!r} is not a constexpr of any selected kernel ({which}); "
+                    "runtime arguments cannot be set")
     head = ["kernel", "warps", "registers", "spill stores B", "stack B", "shared B"] + \
         list(HOPPER_FEATURES) + ["A-operand hazards"]
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
-    for name in dict.fromkeys(args.kernels):  # each once, in the order given
+    for name in names:
         if args.arch != 90 and name in HOPPER_ONLY:
             print(f"| {name} | sm_90a only: not compiled for sm_{args.arch} |", flush=True)
             continue
-        build, options = kernels[name]
-        fn, sig, consts = build()
-        consts = {**consts, **overrides}
+        options = kernels[name][1]
+        fn, sig, consts = builds[name]
+        consts = {**consts, **{k: v for k, v in overrides.items() if k in constexprs[name]}}
         compiled = compile_for(fn, sig, consts, args.arch, **options)
         r = report_of(compiled, args.arch, **options)
         cells = [name, r["num_warps"], r["registers"], r["spill_stores"], r["stack"], r["shared"]]

@@ -40,7 +40,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from .cli import positive_int
+from .cli import positive_int, power_of_two
 
 _VALUE = r"%[\w.]+"
 
@@ -219,6 +219,14 @@ def launched_hazards() -> dict[str, int]:
     return counts
 
 
+def block_v(text: str) -> int:
+    """argparse ``type=`` for --block-v: a power of two of at least 16 (a tl.dot's N)."""
+    value = power_of_two(text)
+    if value < 16:
+        raise argparse.ArgumentTypeError(f"must be >= 16 (a dot's N), got {value}")
+    return value
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m eval.wgmma_hazards", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -227,9 +235,10 @@ def main(argv=None):
     p.add_argument("--stages", type=positive_int, nargs="*", default=None,
                    help="num_stages to compile instead, varying each kernel's first launch "
                         "(default: every launch the package makes)")
-    p.add_argument("--warps", type=positive_int, default=None, help="num_warps (default: the launch's)")
-    p.add_argument("--block-v", type=positive_int, default=None,
-                   help="the BV constexpr (default: the launch's)")
+    p.add_argument("--warps", type=power_of_two, default=None,
+                   help="num_warps, a power of two (default: the launch's)")
+    p.add_argument("--block-v", type=block_v, default=None,
+                   help="the BV constexpr, a power of two >= 16 (default: the launch's)")
     p.add_argument("--launched", action="store_true",
                    help="instead scan every kernel a GPU forward + backward compiles")
     args = p.parse_args(argv)

@@ -1,5 +1,6 @@
 """eval.bench's command line, its backward-stage chain and its outputs (the timings need a GPU)."""
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -76,6 +77,9 @@ def test_host_time_command_line_refuses_bad_shapes_and_no_gpu(capsys, monkeypatc
     assert e.value.code == 2 and "CUDA" in capsys.readouterr().err
 
 
+A_FILE = Path(__file__).resolve().parents[1] / "pyproject.toml"  # a file that is no CSV
+
+
 @pytest.mark.parametrize("module, argv, message", [
     ("determinism", ["--T", "-5", "--cpu"], "--T"),
     ("determinism", ["--warps", "3", "--cpu"], "--warps"),
@@ -86,6 +90,17 @@ def test_host_time_command_line_refuses_bad_shapes_and_no_gpu(capsys, monkeypatc
     ("bench_layer", ["--solve-method", "foo", "--device", "cpu"], "--solve-method"),
     ("bench_layer", [], "CUDA"),
     ("bench_layer", ["--device", "mps"], "--device"),
+    # session 23's trial: a typo found only after the CUDA check and a bandwidth measurement,
+    # a typo profiled nothing, tracebacks, and the fused backend refused on the CPU only after
+    # minutes of the HF fallback's timing
+    ("bench", ["--sweep", "fusd"], "--sweep: unknown parts"),
+    ("host_time", ["--profile", "fusd"], "--profile: unknown names"),
+    ("wgmma_hazards", ["--warps", "3"], "must be a power of two"),
+    ("wgmma_hazards", ["--block-v", "8"], "must be >= 16"),
+    ("bench_layer", ["--backend", "fused", "--device", "cpu"], "--backend fused on cpu"),
+    ("ncu_sass", ["/nonexistent/ncu.csv"], "cannot read"),
+    ("ncu_sass", [str(A_FILE)], "holds no ncu source page"),
+    ("inverse_accuracy", ["--out", str(A_FILE)], "is a file"),
 ])
 def test_eval_scripts_refuse_bad_arguments_before_any_work(module, argv, message, capsys,
                                                           monkeypatch):
@@ -111,8 +126,11 @@ def test_lm_eval_adapter_without_lm_eval_says_how_to_get_it():
     import sys
     if importlib.util.find_spec("lm_eval") is not None:
         pytest.skip("lm-eval is installed")
-    r = subprocess.run([sys.executable, "-m", "gdn_fused.eval.lm_eval_adapter", "--help"],
-                       capture_output=True, text=True, timeout=120)
+    run = [sys.executable, "-m", "gdn_fused.eval.lm_eval_adapter"]
+    r = subprocess.run(run, capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and "lm-eval[hf]" in r.stderr and "Traceback" not in r.stderr
+    # its options stay readable (session 23's trial: --help exited 1 with the message alone)
+    r = subprocess.run(run + ["--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "--backend" in r.stdout and "lm-eval[hf]" in r.stdout
     with pytest.raises(ModuleNotFoundError, match="lm-eval"):
         importlib.import_module("gdn_fused.eval.lm_eval_adapter")

@@ -277,6 +277,9 @@ def test_script_on_a_local_checkpoint_directory(tmp_path):
     (["--solve-method", "gauss"], "unknown solve method 'gauss'"),
     (["--backend", "fused"], "needs CUDA tensors"),
     (["--num-fewshot", "-1"], "--num-fewshot must be >= 0"),
+    # the shipped dev splits hold 5 questions a subject: refused before the model loads
+    (["--num-fewshot", "6"], "--num-fewshot 6: abstract_algebra has only 5 dev questions"),
+    (["--device", "meta"], "--device must be cpu or cuda[:N]"),
     # the results file is written after the evaluation: a folder given for it fails up front
     (["--out", "."], "--out: . is a directory"),
     (["--out", "/proc/gdn_fused_r.json"], "--out: cannot write"),  # even as root
@@ -287,3 +290,23 @@ def test_bad_arguments_exit_2_with_a_clear_message(argv, message, capsys, monkey
         main(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_refused_arguments_leave_no_folders_and_empty_splits_are_named(tmp_path, capsys):
+    """A bad argument found after --out's probe, or an --out in new folders with a bad
+    argument, leaves no folder behind; a subject whose test file is empty is an argparse
+    error, not a traceback from the tokenizer."""
+    out = tmp_path / "new" / "deeper" / "r.json"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--num-fewshot", "6", "--out", str(out)])
+    assert exit_info.value.code == 2 and not (tmp_path / "new").exists()
+    data = tmp_path / "mmlu"
+    for split in ("dev", "test"):
+        (data / split).mkdir(parents=True)
+    (data / "dev" / "anatomy_dev.csv").write_text("q,a,b,c,d,A\n")
+    (data / "test" / "anatomy_test.csv").write_text("")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--data-dir", str(data), "--subjects", "anatomy", "--num-fewshot", "1",
+              "--out", str(tmp_path / "r.json")])
+    assert exit_info.value.code == 2
+    assert "anatomy has no test questions" in capsys.readouterr().err

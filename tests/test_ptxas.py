@@ -142,3 +142,15 @@ def test_backward_gluon_kernels_fit_two_ctas_an_sm_and_keep_their_operands(name,
     assert int(cells["shared B"]) <= 228 * 1024 // ctas - 1024, cells
     assert int(cells["registers"]) == maxnreg and maxnreg * 256 * ctas <= 65536, cells
     assert cells["A-operand hazards"] == "0", run.stdout
+
+
+def test_set_refuses_keys_no_selected_kernel_has(capsys):
+    """--set KEY=VALUE applies to the selected kernels that have that constexpr; a key none of
+    them has (a typo, or a runtime argument such as T) is an argparse error (exit 2), before
+    anything compiles."""
+    from gdn_fused.eval.ptxas import main
+    for bad in ("BOGUS=1", "=5", "T=5"):
+        with pytest.raises(SystemExit) as e:
+            main(["--kernels", "kkt_solve gluon (A in)", "--set", bad])
+        assert e.value.code == 2
+        assert "not a constexpr of any selected kernel" in capsys.readouterr().err
