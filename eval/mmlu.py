@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shutil
 import sys
 import time
 from collections import Counter
@@ -193,10 +194,9 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     if args.out.is_dir():
         parser.error(f"--out: {args.out} is a directory; give the JSON file to write")
     existed = args.out.exists()
-    # the folders this check creates, outermost first: removed again with the probe file
-    created = [d for d in reversed(args.out.parent.absolute().parents) if not d.exists()]
-    if not args.out.parent.exists():
-        created.append(args.out.parent.absolute())
+    # the outermost folder this check creates (None: all exist), removed with the probe file
+    parent = args.out.parent.absolute()
+    made = next((d for d in [*reversed(parent.parents), parent] if not d.exists()), None)
     try:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         with open(args.out, "a"):
@@ -205,8 +205,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error(f"--out: cannot write {args.out}: {e}")
     if not existed:
         args.out.unlink()
-        for d in reversed(created):
-            d.rmdir()
+        if made is not None:
+            shutil.rmtree(made)  # empty folders this check made, nothing else
 
 
 class _LogLines(logging.Handler):

@@ -336,11 +336,9 @@ def _gluon_transposed_chain_t(output: bool = True, map_pass: bool = False):
 
 
 def _chain_t_maxnreg():
-    """forward_t's register cap at launch as gluon_transposed._launch sets it for its main
-    launch (two output warpgroups: MAXNREG_TWO_OUTPUTS, else MAXNREG)."""
-    from gdn_fused.kernels.gluon_transposed import (CHAIN_OUTPUT_GROUPS, MAXNREG,
-                                                    MAXNREG_TWO_OUTPUTS)
-    return MAXNREG_TWO_OUTPUTS if CHAIN_OUTPUT_GROUPS == 2 else MAXNREG
+    """forward_t's register cap at launch, as gluon_transposed._launch sets it."""
+    from gdn_fused.kernels.gluon_transposed import CHAIN_OUTPUT_GROUPS, launch_maxnreg
+    return launch_maxnreg(False, CHAIN_OUTPUT_GROUPS)
 
 
 def _gluon_transposed_chain_t_update(lo: bool, lo_above: float = -1.0):

@@ -428,8 +428,8 @@ def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv
     # with the chain rows (V' on the chain): the mask's exponents as differences of fp32
     # G·log2(e) (fp64 differences held 17 % of these warps' stall samples on the H200,
     # session 22), straight into 2^x, with scale in the exponent and in e^G's row: 623 / 682
-    # → 433 / 445 SASS instructions in the two output loops (session 23), not faster on the
-    # H200 (forward_t within ±1.5 %: the chain binds, not these warps)
+    # → 433 / 445 SASS instructions in the two output groups' loops (session 23), forward_t
+    # within ±1.5 % (the chain binds); 382 in the one loop of CHAIN_OUTPUT_GROUPS = 1
     CHAIN_ROWS: gl.constexpr = g_bufs.type.shape[1] == 4
     log2_scale = gl.log2(scale)
     o_scale = 1.0
@@ -1048,6 +1048,15 @@ def _gate_rows(rows, B, T, HV):
     return out.view(B * HV * len(rows), NT * CHUNK)
 
 
+def launch_maxnreg(wu_warpgroup: bool, output_groups: int) -> int:
+    """The register cap a launch of chunk_state_output_t_kernel takes: with the W/U
+    warpgroup MAXNREG_WU, with two output warpgroups MAXNREG_TWO_OUTPUTS, else MAXNREG
+    (eval.ptxas compiles with the same)."""
+    if wu_warpgroup:
+        return MAXNREG_WU
+    return MAXNREG_TWO_OUTPUTS if output_groups == 2 else MAXNREG
+
+
 def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_final_state,
             output, num_stages, segments, wu, h=None, output_groups=1, variant=None,
             checkpoints=None, t_on_chain=False, beside_seg0_end=None):
@@ -1085,7 +1094,7 @@ def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_fina
                   # (the fused forward's form only: the W/U forms stay the bits of the Triton
                   # state pass they stand in for)
                   UPDATE_LO=STATE_UPDATE_LO and chain_t, LO_ABOVE=STATE_UPDATE_LO_ABOVE)
-    cap = MAXNREG_WU if wu and not chain_t else MAXNREG
+    cap = launch_maxnreg(wu and not chain_t, 1)  # the passes without the output
     if beside_seg0_end is not None and not _segment0_pass(NS):
         beside_seg0_end()
     if _segment0_pass(NS):
@@ -1122,7 +1131,7 @@ def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_fina
                   STORE_H=h is not None, h=h, OUT_GROUPS=output_groups, **(variant or {}),
                   checkpoints=checkpoints,
                   CKPT_EVERY=SEGMENT_CHUNKS if checkpoints is not None else 0,
-                  maxnreg=MAXNREG_TWO_OUTPUTS if output_groups == 2 else cap, **consts)
+                  maxnreg=launch_maxnreg(wu and not chain_t, output_groups), **consts)
     return (o if output or h is not None else None), ht
 
 

@@ -37,8 +37,11 @@ def _hopper_or_later(index) -> bool:
 def pdl_applies(device: torch.device) -> bool:
     """Whether launches on ``device`` take PDL: :data:`PDL`, compiled mode, CUDA sm_90+."""
     from gdn_fused.validation import triton_interpreted
-    return (PDL and device.type == "cuda" and not triton_interpreted()
-            and _hopper_or_later(device.index))
+    if not PDL or device.type != "cuda" or triton_interpreted():
+        return False
+    # by index: torch.device("cuda") means the current device, whichever that is now
+    return _hopper_or_later(device.index if device.index is not None
+                            else torch.cuda.current_device())
 
 
 def pdl_options(device: torch.device) -> dict:
