@@ -30,7 +30,7 @@ import torch
 from torch.autograd import forward_ad
 from torch.autograd.function import once_differentiable
 
-from gdn_fused.reference import chunk_gated_delta_rule_ref, l2norm
+from gdn_fused.reference import LOG_DECAY_MIN, chunk_gated_delta_rule_ref, l2norm
 
 
 def _forward(backend, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
@@ -129,13 +129,17 @@ def chunk_gated_delta_rule_triton(q, k, v, g, beta, scale, initial_state, output
     # forward-mode AD (dual tensors do not set requires_grad) must meet the Function, which
     # raises that it has no jvp, rather than lose the tangent
     if needs_graph or forward_ad._current_level >= 0:
+        # g floored by torch, whose clamp gives the gradient 0 below LOG_DECAY_MIN (the kernels
+        # floor it again where they load it: a no-op then)
+        g = g.clamp(min=LOG_DECAY_MIN)
         o, ht = ChunkGatedDeltaRuleFunction.apply(q, k, v, g, beta, initial_state, scale,
                                                   output_final_state, cu_seqlens, chunk_size,
                                                   backend, solve_method, solve_iters,
                                                   cu_seqlens_cpu)
     else:
         # inference: no graph to record, so no autograd.Function (~30 µs of host time a call,
-        # which short prompts pay in full)
+        # which short prompts pay in full) and no clamp launch: every kernel reading g floors
+        # it at LOG_DECAY_MIN as it loads it (kernels/chunk_gate.floored)
         o, ht = _forward(backend, q, k, v, g, beta, scale, initial_state, output_final_state,
                          cu_seqlens, chunk_size, solve_method, solve_iters, cu_seqlens_cpu)
     return o, (ht if output_final_state else None)

@@ -165,8 +165,8 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
     solve_iters = check_solve_method(backend, solve_method, solve_iters, via_auto)
     check_device_for_backend(backend, q.device, q.dtype)
     g, beta = fla.gates(g, beta)  # after every check: no work for input that raises
-    g = g.clamp(min=LOG_DECAY_MIN)
     if backend == "torch":
+        g = g.clamp(min=LOG_DECAY_MIN)  # (the Triton kernels floor g where they load it)
         o, ht = chunk_gated_delta_rule_ref(q, k, v, g, beta, scale, initial_state,
                                            output_final_state, cu_seqlens,
                                            use_qk_l2norm_in_kernel, chunk_size,

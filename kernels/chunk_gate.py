@@ -16,6 +16,18 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.chunk_index import chunk_head_grid, chunk_head_program
 from gdn_fused.kernels.pdl import pdl_options
+from gdn_fused.reference import LOG_DECAY_MIN
+
+# the op's floor on g (gdn_fused.ops): applied where each kernel loads g, so that an inference
+# call needs no clamp launch of its own (its autograd path keeps torch's clamp, whose gradient
+# it needs); NaN stays NaN as with torch.clamp
+G_MIN = tl.constexpr(LOG_DECAY_MIN)
+
+
+@triton.jit
+def floored(b_g):
+    """g floored at LOG_DECAY_MIN (−inf included), NaN kept."""
+    return tl.maximum(b_g, G_MIN, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
@@ -29,7 +41,7 @@ def chunk_log_decay(g, bos, i_t, seqlen, i_hv, HV: tl.constexpr, BT: tl.constexp
     ~1e−7 relative (decay, gated_decay). C fp64 additions per program cost nothing."""
     o_i = tl.arange(0, BT)
     valid = (i_t * BT + o_i) < seqlen
-    b_g = tl.load(g + (bos + i_t * BT + o_i) * HV + i_hv, mask=valid, other=0.)
+    b_g = floored(tl.load(g + (bos + i_t * BT + o_i) * HV + i_hv, mask=valid, other=0.))
     return tl.cumsum(b_g.to(tl.float64), axis=0)
 
 

@@ -43,8 +43,9 @@ import triton
 import triton.language as tl
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
+from gdn_fused.kernels import chunk_index
 from gdn_fused.kernels import launch as direct
-from gdn_fused.kernels.chunk_gate import gated_decay
+from gdn_fused.kernels.chunk_gate import floored, gated_decay
 from gdn_fused.kernels.chunk_index import sm_count
 from gdn_fused.kernels.chunk_state import checkpoint_count, new_checkpoints
 from gdn_fused.kernels.kkt_solve import invert_diagonal_blocks
@@ -270,7 +271,7 @@ def _load_chunk_rows(k, g, beta, t0, n_valid, s_kt, s_gt, K: tl.constexpr, C: tl
     tok = t0 + rows
     b_k = tl.load(k + tok[:, None] * s_kt + tl.arange(0, K)[None, :], mask=valid[:, None],
                   other=0.0)
-    b_g = tl.load(g + tok * s_gt, mask=valid, other=0.0).to(tl.float32)
+    b_g = floored(tl.load(g + tok * s_gt, mask=valid, other=0.0).to(tl.float32))
     b_beta = tl.load(beta + tok * s_gt, mask=valid, other=0.0).to(tl.float32)
     return b_k, b_g, b_beta
 
@@ -376,7 +377,7 @@ def unsupported_reason(q: torch.Tensor, v: torch.Tensor, chunk_size: int) -> Opt
     if chunk_size not in CHUNK_SIZES:
         return f"chunk_size {chunk_size} not in {CHUNK_SIZES}"
     if q.device.type == "cuda":
-        if torch.cuda.get_device_capability(q.device) < (8, 0):
+        if chunk_index.capability(q.device) < (8, 0):
             return "needs compute capability >= 8.0"
     elif not triton_interpreted():
         return f"tensors on {q.device.type} need TRITON_INTERPRET=1"

@@ -134,6 +134,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from gdn_fused.kernels import chunk_index
 from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.gluon_ring import (CHUNK, HEAD_DIM, LOAD_REGS, LOAD_WARPS,
                                           accumulator_layout, descriptor_layout, load_ring,
@@ -978,7 +979,7 @@ def check_state_inputs(name, q, k, v, G, initial_state, segments, tiles):
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     if (not q.is_cuda or torch.version.hip is not None
-            or torch.cuda.get_device_capability(q.device) != (9, 0)):
+            or chunk_index.capability(q.device) != (9, 0)):
         raise ValueError(f"{name}: needs an NVIDIA sm_90 (Hopper) GPU, got q on {q.device}")
     if T == 0:
         raise ValueError(f"{name}: T = 0 (an empty sequence has nothing to tile)")

@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from gdn_fused.kernels import chunk_index
 from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.chunk_index import chunk_head_grid, chunk_head_program
 from gdn_fused.kernels.chunk_gate import gated_decay
@@ -369,7 +370,7 @@ def _tl_options(dot_precision, num_warps, diag, prefetch):
 
 def _gluon_device(device):
     """An NVIDIA GPU (not ROCm, whose devices are "cuda" too) of sm_80 or later: mma.sync."""
-    return torch.version.hip is None and torch.cuda.get_device_capability(device) >= (8, 0)
+    return torch.version.hip is None and chunk_index.capability(device) >= (8, 0)
 
 
 def _check_a(A, output_dtype, cu_seqlens, chunk_indices, num_chunks):

@@ -22,7 +22,9 @@ eval.wgmma_hazards does, means a recompile here too). An argument of any other t
 that is not a tuple, a kernel with pre-run hooks, or the interpreter (TRITON_INTERPRET=1,
 whose kernels are not JIT functions) takes the plain path every time. Unlike Triton's path,
 the direct one does not re-check that the kernel's globals are unchanged since compilation
-(no kernel here reads a global that changes).
+(no kernel here reads a global that changes). The keywords' part of a key, which launchers pass
+unchanged call after call, is the keywords themselves where that is exact
+(:func:`_keyword_part`).
 """
 from __future__ import annotations
 
@@ -84,6 +86,36 @@ def _constexpr_key(x):
     return kind, x
 
 
+# The keyword part of a launch key: launchers pass the same constexprs and options call after
+# call (twenty-four for forward_t's launch), and keying each one (_constexpr_key) cost more host
+# time than the launch itself (line_profiler on the H200, session 24). Where every keyword's
+# equality, with its type, is the identity Triton keys on — bools, ints, strings, None, floats
+# other than zero (0.0 == −0.0) and NaN, and None for a runtime parameter — the keywords and
+# their types themselves are the key part, and the parameters' values after the positional
+# ones are taken from the first call of that key. Anything else (a tensor keyword, a tuple that
+# could hold True where another holds 1, a runtime int) is keyed one by one, every call.
+MEMO_KEYWORDS = True  # set False to key every keyword one by one (A/B of the host time)
+_MEMO_TYPES = frozenset({bool, int, str, type(None), float})
+
+
+def _keyword_part(kwargs, runtime):
+    """(the keywords' part of the launch key, whether it is the keywords themselves)."""
+    if MEMO_KEYWORDS:
+        types = tuple(map(type, kwargs.values()))
+        if (set(types) <= _MEMO_TYPES
+                and all(kwargs[k] is None for k in runtime.intersection(kwargs))
+                and (float not in types or all(v == v and v != 0 for v in kwargs.values()
+                                               if type(v) is float))):
+            return (tuple(kwargs.items()), types), True
+    return tuple((k, _argument_key(v) if k in runtime else _constexpr_key(v))
+                 for k, v in kwargs.items()), False
+
+
+def _tail(kwargs, names, defaults, n):
+    """The values of parameters n, n + 1, … in order: the keywords given, else defaults."""
+    return tuple(kwargs.get(name, default) for name, default in zip(names[n:], defaults[n:]))
+
+
 def _driver():
     """Triton's active driver (a function, so that CPU tests can stand one in)."""
     return triton.runtime.driver.active
@@ -118,12 +150,12 @@ def launch(kernel, grid, *args, **kwargs):
         # by what Triton specialises them on, constexprs and options by type and value;
         # parameters left to their defaults are the same every call.
         knobs = triton.knobs
+        kw_part, kept = _keyword_part(kwargs, runtime)
         key = (id(kernel), device, knobs.runtime.debug, knobs.compilation.instrumentation_mode,
                knobs.runtime.override_arch, knobs.language.default_fp_fusion,
                tuple(_constexpr_key(a) if c else _argument_key(a)
                      for a, c in zip(args, constexpr)),
-               tuple((k, _argument_key(v) if k in runtime else _constexpr_key(v))
-                     for k, v in kwargs.items()))
+               kw_part)
         entry = _kernels.get(key)
     except (_Unknown, TypeError):  # TypeError: an unhashable constexpr
         return kernel[grid](*args, **kwargs)
@@ -136,15 +168,16 @@ def launch(kernel, grid, *args, **kwargs):
         if hasattr(compiled, "result"):  # an asynchronous compile's future
             compiled = compiled.result()
         if compiled is not None:  # (None: a JIT cache hook skipped the compile)
-            _kernels[key] = (compiled, kernel.device_caches[device][0])
+            _kernels[key] = (compiled, kernel.device_caches[device][0],
+                             _tail(kwargs, names, defaults, len(args)) if kept else None)
         return compiled
     compiled = entry[0]
-    n = len(args)
-    values = [*args, *(kwargs.get(name, default)
-                       for name, default in zip(names[n:], defaults[n:]))]
+    values = [*args, *(entry[2] if kept else _tail(kwargs, names, defaults, len(args)))]
     stream = driver.get_current_stream(device)
     hooks = triton.knobs.runtime
-    metadata = compiled.launch_metadata(grid, stream, *values)
+    # (what launch_metadata returns without an enter hook, without its call)
+    metadata = (None if hooks.launch_enter_hook is None
+                else compiled.launch_metadata(grid, stream, *values))
     compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
                  stream, compiled.function, compiled.packed_metadata, metadata,
                  hooks.launch_enter_hook, hooks.launch_exit_hook, *values)

@@ -16,6 +16,7 @@ import os
 
 import torch
 
+from gdn_fused.kernels import chunk_index
 from gdn_fused.kernels.chunk_gate import chunk_cumsum
 from gdn_fused.kernels.chunk_index import chunk_layout
 from gdn_fused.kernels.chunk_output import chunk_output
@@ -52,7 +53,7 @@ def gluon_tiles_apply(q, v, chunk_size, cu_seqlens):
     there would turn into NaN), compiled mode, and a Triton with Gluon. No device sync."""
     if not q.is_cuda or torch.version.hip is not None or triton_interpreted():
         return False
-    if torch.cuda.get_device_capability(q.device) != (9, 0):
+    if chunk_index.capability(q.device) != (9, 0):
         return False
     B, T = q.shape[0], q.shape[1]
     if (q.dtype != torch.bfloat16 or v.dtype != torch.bfloat16 or q.shape[3] != 128

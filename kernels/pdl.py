@@ -19,19 +19,15 @@ edges are captured as programmatic dependencies.
 
 ``GDN_PDL=0`` in the environment (or :data:`PDL` = False) launches everything plainly (A/B).
 """
-import functools
 import os
 
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from gdn_fused.kernels import chunk_index
+
 PDL = os.environ.get("GDN_PDL", "1") != "0"
-
-
-@functools.lru_cache(maxsize=None)
-def _hopper_or_later(index) -> bool:
-    return torch.cuda.get_device_capability(index)[0] >= 9
 
 
 def pdl_applies(device: torch.device) -> bool:
@@ -39,9 +35,7 @@ def pdl_applies(device: torch.device) -> bool:
     from gdn_fused.validation import triton_interpreted
     if not PDL or device.type != "cuda" or triton_interpreted():
         return False
-    # by index: torch.device("cuda") means the current device, whichever that is now
-    return _hopper_or_later(device.index if device.index is not None
-                            else torch.cuda.current_device())
+    return chunk_index.capability(device)[0] >= 9
 
 
 def pdl_options(device: torch.device) -> dict:

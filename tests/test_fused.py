@@ -369,7 +369,7 @@ def test_auto_picks_the_route_where_it_was_measured_faster(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.delenv("GDN_STATE_OUTPUT_KERNEL", raising=False)
     monkeypatch.setattr(module, "WARP_SPECIALIZED", True)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(chunk_index, "capability", lambda device: (9, 0))
 
     def x(T, heads):
         return SimpleNamespace(is_cuda=True, device="cuda", dtype=torch.bfloat16,
@@ -454,6 +454,31 @@ def test_fused_gpu_bf16_cases(case):
     case = case[:5] + (128, 128) + case[7:]
     q, k, v, g, b, h, cu = inputs(case, torch.bfloat16, "cuda", scale_T=8)
     _gpu_check(q, k, v, g, b, h, cu, case[12], case[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["materialized", "fused"])
+def test_gpu_gate_floor_keeps_nan_and_floors_minus_inf(backend):
+    """The kernels' floor on g (kernels/chunk_gate.floored, in place of the op's clamp launch
+    at inference) on the GPU, where a plain max would turn NaN into the floor: a NaN gate
+    makes o non-finite from its token on (finite before its chunk), and −inf acts as −128 as
+    on the torch backend. bf16 on the Hopper route's shapes (K = V = 128, 2,048 tokens)."""
+    from gdn_fused import chunk_gated_delta_rule
+    q, k, v, g, b, h = make_inputs(1, 2048, 1, 2, 128, 128, torch.bfloat16,
+                                   initial_state=True, device="cuda")
+    g_nan, g_inf = g.clone(), g.clone()
+    g_nan[0, 1000, 1] = float("nan")
+    g_inf[0, 1000, 1] = -float("inf")
+    with torch.no_grad():
+        o, _ = chunk_gated_delta_rule(q, k, v, g_nan, b, initial_state=h, backend=backend)
+        assert o[0, :960].isfinite().all() and not o[0, 1000:, 1].isfinite().all(dim=-1).any()
+        assert o[0, :, 0].isfinite().all()  # the other head
+        o, ht = chunk_gated_delta_rule(q, k, v, g_inf, b, initial_state=h,
+                                       output_final_state=True, backend=backend)
+        o_ref, ht_ref = chunk_gated_delta_rule(q, k, v, g_inf.clamp(min=-128.), b,
+                                               initial_state=h, output_final_state=True,
+                                               backend=backend)
+    assert torch.equal(o, o_ref) and torch.equal(ht, ht_ref)
 
 
 @pytest.mark.gpu

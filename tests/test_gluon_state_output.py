@@ -5,6 +5,7 @@ import torch
 
 from gdn_fused.eval.ptxas import _kernels, compile_report
 from gdn_fused.eval.cases import rel_err
+from gdn_fused.kernels import chunk_index
 
 pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper",
                     reason="this Triton has no Gluon Hopper API (triton.experimental.gluon)")
@@ -52,7 +53,7 @@ def assert_refuses_bad_shapes(f):
 def test_unsupported_inputs_are_refused(monkeypatch):
     # past the device check (gluon_transposed.check_state_inputs), as on a Hopper GPU
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(chunk_index, "capability", lambda device: (9, 0))
     assert_refuses_bad_shapes(gluon_state_output.chunk_state_output_gluon)
 
 

@@ -9,6 +9,7 @@ import torch
 
 from gdn_fused.eval.ptxas import _kernels, compile_report
 from gdn_fused.eval.cases import MIXED_GAMMAS, make_inputs, rel_err, truth
+from gdn_fused.kernels import chunk_index
 
 pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper",
                     reason="this Triton has no Gluon Hopper API (triton.experimental.gluon)")
@@ -93,7 +94,7 @@ def test_unsupported_inputs_are_refused(monkeypatch):
         f(q, q, q, q, G, 1., None, False)
     # past the device check, as on a Hopper GPU
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(chunk_index, "capability", lambda device: (9, 0))
     with pytest.raises(ValueError, match="T = 0"):
         f(q[:, :0], q[:, :0], q[:, :0], q[:, :0], G[:, :0], 1., None, False)
     assert_refuses_bad_shapes(f)
@@ -253,7 +254,7 @@ def test_num_segments():
 
 def test_segments_must_be_a_positive_int(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(chunk_index, "capability", lambda device: (9, 0))
     q = torch.zeros(1, 64, 1, 128, dtype=torch.bfloat16)
     G = torch.zeros(1, 64, 1, dtype=torch.float64)
     for bad in (0, -1, 2.0):
@@ -265,7 +266,7 @@ def test_output_groups_and_variants_are_checked(monkeypatch):
     """output_groups must be the int 1 or 2 dividing num_stages (ignored for the state pass
     alone, which may take 3 stages); variant keys only among VARIANT_KEYS."""
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(chunk_index, "capability", lambda device: (9, 0))
     launched = []
     monkeypatch.setattr(gluon_transposed, "_launch", lambda *a, **kw: launched.append(kw))
     q = torch.zeros(1, 64, 1, 128, dtype=torch.bfloat16)

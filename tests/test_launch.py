@@ -153,6 +153,45 @@ def test_direct_path_keys_arguments_and_cache_on_a_stand_in(monkeypatch):
     assert len(next(iter(kernel.device_caches[0][0].values())).runs) == 1
 
 
+def test_keywords_are_their_own_key_only_where_exact(monkeypatch):
+    """The keyword part of a launch key is the keywords themselves (with their types) only
+    where equal values are what Triton keys alike: True and 1, 0.0 and −0.0, tuples that hold
+    them, and a NaN are keyed one by one (so each pair compiles apart, and a NaN does not add
+    an entry every call), as is a runtime keyword that is not None; a directly launched
+    call passes the keywords given and the defaults, in parameter order, as the JIT would."""
+    monkeypatch.setattr(direct, "_driver", lambda: _Driver())
+    monkeypatch.setattr(direct, "_kernels", {})
+    kernel = _Jit()
+    _, _, _, runtime = direct._parameters(kernel)
+    part = direct._keyword_part
+    assert part(dict(BLOCK=16, FLAG=7), runtime)[1] and part(dict(BLOCK=0.5), runtime)[1]
+    assert part(dict(BLOCK=16, n=None), runtime)[1]  # a runtime keyword left None
+    for unkept in (dict(BLOCK=0.0), dict(BLOCK=-0.0), dict(BLOCK=float("nan")),
+                   dict(BLOCK=(1, True)), dict(BLOCK=16, n=3), dict(BLOCK=np.int64(16)),
+                   dict(BLOCK=16, n=torch.zeros(1))):
+        assert not part(unkept, runtime)[1], unkept
+    x = torch.zeros(64)
+    pairs = ((True, 1), (2, 2.0), (0.0, -0.0), ((1, True), (1, 1)))
+    for a, b in pairs:
+        for value in (a, b, a, b):
+            direct.launch(kernel, (3,), x, 32, BLOCK=value)
+    assert len(kernel.jit_calls) == 2 * len(pairs)  # each value compiled once, apart
+    calls = len(kernel.jit_calls)
+    for _ in range(3):
+        direct.launch(kernel, (3,), x, 32, BLOCK=float("nan"))
+    assert len(direct._kernels) <= 2 * len(pairs) + 1
+    n0 = len(kernel.jit_calls)
+    direct.launch(kernel, (3,), x, 5, BLOCK=0.5)
+    direct.launch(kernel, (3,), x, 7, BLOCK=0.5)  # launched directly
+    direct.launch(kernel, (3,), x, 9, FLAG=2, BLOCK=0.5)  # another key: the JIT
+    direct.launch(kernel, (3,), x, 11, FLAG=2, BLOCK=0.5)
+    assert [c[2] for c in kernel.jit_calls[n0:]] == [dict(BLOCK=0.5), dict(FLAG=2, BLOCK=0.5)]
+    compiled = kernel.device_caches[0][0]
+    assert [r[-4:] for r in compiled[n0].runs + compiled[n0 + 1].runs] == [
+        (x, 7, 0.5, 7), (x, 11, 0.5, 2)]
+    assert calls == 2 * len(pairs)
+
+
 def _poison_like(*tensors):
     """Allocate NaN-filled blocks of these tensors' sizes and free them, so that the next
     allocations of those sizes (a kernel's outputs) are expected to start as NaN, not as an
@@ -181,8 +220,12 @@ def test_direct_launch_gives_the_jit_launch_bits(monkeypatch):
         return jit_run(self, *args, **kwargs)
     monkeypatch.setattr(JITFunction, "run", counted)
 
+    # the gate rows laid out once: forward_t would launch their own kernel (a second key)
+    from gdn_fused.kernels.chunk_gate import gate_rows_from
+    rows = gate_rows_from(G, [beta], chain_rows=gluon_transposed.T_ON_CHAIN)
+
     def run(h):
-        o, ht = gluon_transposed.forward_t(q, k, v, G, beta, Ai, 0.125, h, True)
+        o, ht = gluon_transposed.forward_t(q, k, v, G, beta, Ai, 0.125, h, True, gate_rows=rows)
         kept.append((o, ht))
         return o, ht
 

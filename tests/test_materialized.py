@@ -7,6 +7,7 @@ import torch
 
 from gdn_fused import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 from gdn_fused.eval.cases import make_inputs, rel_err, truth
+from gdn_fused.kernels import chunk_index
 
 # (id, B, T, H, HV, gate, beta, initial state, cu_seqlens, chunk)
 CASES = [
@@ -83,16 +84,21 @@ def test_varlen_tail_past_cu_seqlens_is_zero():
     assert rel_err(o, o_ref) <= 1e-5 and rel_err(ht, ht_ref) <= 1e-5
 
 
+@pytest.mark.parametrize("where", ["k", "g"])
 @pytest.mark.parametrize("backend", ["torch", "materialized", "fused"])
-def test_non_finite_input_spoils_its_chunk_and_nothing_before(backend):
+def test_non_finite_input_spoils_its_chunk_and_nothing_before(backend, where):
     """What chunk_gated_delta_rule's docstring promises for a NaN at token t: o is finite
-    before t's chunk and non-finite from its first token on; the other sequence of the
-    batch stays exact; fused_recurrent_gated_delta_rule stays finite up to t − 1."""
+    before t's chunk and non-finite from its first token on (a NaN key; a NaN gate: from t
+    on at least — the kernels' floor on g keeps NaN, as torch's clamp does); the other
+    sequence of the batch stays exact; fused_recurrent_gated_delta_rule stays finite up to
+    t − 1."""
     q, k, v, g, b, _ = make_inputs(2, 130, 1, 1, 64, 64)
     o_ref, _ = truth(q, k, v, g, b)
-    k[0, 100] = float("nan")
+    (k if where == "k" else g)[0, 100] = float("nan")
     o, _ = chunk_gated_delta_rule(q, k, v, g, b, backend=backend)
-    assert o[0, :64].isfinite().all() and not o[0, 64].isfinite().any()
+    assert o[0, :64].isfinite().all() and not o[0, 100:].isfinite().all(dim=-1).any()
+    if where == "k":
+        assert not o[0, 64].isfinite().any()
     assert rel_err(o[0, :64], o_ref[0, :64]) <= 1e-5 and rel_err(o[1], o_ref[1]) <= 1e-5
     o, _ = fused_recurrent_gated_delta_rule(q, k, v, g, beta=b)
     assert o[0, :100].isfinite().all() and not o[0, 100].isfinite().any()
@@ -166,7 +172,7 @@ def test_state_output_kernel_is_chosen_only_where_it_applies(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.delenv("GDN_STATE_OUTPUT_KERNEL", raising=False)
     capability = [(9, 0)]
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability[0])
+    monkeypatch.setattr(chunk_index, "capability", lambda device: capability[0])
 
     def x(B=1, T=8192, dim=128, dtype=torch.bfloat16, cuda=True):
         return SimpleNamespace(is_cuda=cuda, device="cuda", dtype=dtype, shape=(B, T, 16, dim))
