@@ -29,6 +29,7 @@ unchanged call after call, is the keywords themselves where that is exact
 from __future__ import annotations
 
 import numbers
+import threading
 
 import torch
 import triton
@@ -133,11 +134,32 @@ def _parameters(kernel):
     return p[1:]
 
 
+# kernels/replay.py's recording, per thread: while ``recording.launches`` is a list, every
+# launch of that thread appends (compiled kernel, grid of three, every parameter's value in
+# order), or None for one launched through Triton's plain path (whose compiled kernel this
+# module does not see)
+recording = threading.local()
+
+
+def _recorder():
+    return getattr(recording, "launches", None)
+
+
+def _recorded(compiled, grid, values):
+    if compiled is None or hasattr(compiled, "result"):
+        recording.launches.append(None)
+    else:
+        recording.launches.append((compiled, (*grid, *(1,) * (3 - len(grid))), tuple(values)))
+    return compiled
+
+
 def launch(kernel, grid, *args, **kwargs):
     """``kernel[grid](*args, **kwargs)``, the compiled kernel launched directly after the
     first call of the same specialisation (module docstring). grid: a tuple of 1–3 ints."""
     if (not DIRECT or not isinstance(kernel, JITFunction) or kernel.pre_run_hooks
             or type(grid) is not tuple):
+        if _recorder() is not None:
+            recording.launches.append(None)
         return kernel[grid](*args, **kwargs)
     names, constexpr, defaults, runtime = _parameters(kernel)
     driver = _driver()
@@ -158,6 +180,8 @@ def launch(kernel, grid, *args, **kwargs):
                kw_part)
         entry = _kernels.get(key)
     except (_Unknown, TypeError):  # TypeError: an unhashable constexpr
+        if _recorder() is not None:
+            recording.launches.append(None)
         return kernel[grid](*args, **kwargs)
     # valid while Triton's own cache of the kernel is the one it was compiled into: code that
     # empties fn.device_caches (eval.wgmma_hazards, to recompile and scan) gets a recompile
@@ -170,15 +194,32 @@ def launch(kernel, grid, *args, **kwargs):
         if compiled is not None:  # (None: a JIT cache hook skipped the compile)
             _kernels[key] = (compiled, kernel.device_caches[device][0],
                              _tail(kwargs, names, defaults, len(args)) if kept else None)
+        if _recorder() is not None:
+            _recorded(compiled, grid, [*args, *_tail(kwargs, names, defaults, len(args))])
         return compiled
     compiled = entry[0]
     values = [*args, *(entry[2] if kept else _tail(kwargs, names, defaults, len(args)))]
-    stream = driver.get_current_stream(device)
-    hooks = triton.knobs.runtime
-    # (what launch_metadata returns without an enter hook, without its call)
-    metadata = (None if hooks.launch_enter_hook is None
-                else compiled.launch_metadata(grid, stream, *values))
-    compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
-                 stream, compiled.function, compiled.packed_metadata, metadata,
-                 hooks.launch_enter_hook, hooks.launch_exit_hook, *values)
+    _run(compiled, (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1),
+         values, driver.get_current_stream(device))
+    if _recorder() is not None:
+        _recorded(compiled, grid, values)
     return compiled
+
+
+def _run(compiled, grid, values, stream):
+    """The compiled kernel's launcher, with Triton's launch hooks (grid: three ints)."""
+    hooks = triton.knobs.runtime
+    # launch_metadata builds a dict for the enter hook: not when there is none to call (Triton
+    # 3.6's default is an empty HookChain, not None; found by a helper's trial)
+    hook = hooks.launch_enter_hook
+    metadata = (None if hook is None or not getattr(hook, "calls", True)
+                else compiled.launch_metadata(grid, stream, *values))
+    compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata,
+                 metadata, hooks.launch_enter_hook, hooks.launch_exit_hook, *values)
+
+
+def run_compiled(compiled, grid, values):
+    """Launch a compiled kernel on the current stream with every parameter's value in order
+    (grid: three ints), as :func:`launch`'s direct path does (kernels/replay.py)."""
+    driver = _driver()
+    _run(compiled, grid, values, driver.get_current_stream(driver.get_current_device()))

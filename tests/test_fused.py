@@ -482,6 +482,60 @@ def test_gpu_gate_floor_keeps_nan_and_floors_minus_inf(backend):
 
 
 @pytest.mark.gpu
+def test_fused_gpu_route_replay_gives_the_route_bits(monkeypatch):
+    """Inference calls of the Hopper route replay their signature's recorded launches
+    (kernels/replay.py): on new data of the same signature the route's Python does not run
+    and o, the final state and T are the bits of the route's own path; signatures whose
+    recorded call writes an intermediate by torch (a bf16 initial state converted, a
+    non-contiguous input copied, the split forward's segment-0 state) are not replayed and
+    still give the route's bits."""
+    from gdn_fused.kernels import fused_fwd as module
+    from gdn_fused.kernels import replay
+    monkeypatch.setattr(replay, "_replays", {})
+    monkeypatch.setattr(replay, "REPLAY", True)  # (off by default until this test passes)
+    routed = []
+    route = module._route
+    monkeypatch.setattr(module, "_route", lambda *a: routed.append(1) or route(*a))
+
+    def both(args):
+        monkeypatch.setattr(replay, "REPLAY", False)
+        want = module._warp_specialized_fwd(*args)
+        monkeypatch.setattr(replay, "REPLAY", True)
+        return want, module._warp_specialized_fwd(*args)
+
+    cases = [(1, 2048, 2, 4, True, True, "normal"), (2, 4096, 2, 4, False, False, "strong"),
+             (1, 2112, 2, 4, True, False, "zero")]
+    for B, T, H, HV, h0, final, gate in cases:
+        for seed in range(3):
+            q, k, v, g, b, h = make_inputs(B, T, H, HV, 128, 128, torch.bfloat16, gate=gate,
+                                           initial_state=h0, device="cuda", seed=seed)
+            with torch.no_grad():
+                routed.clear()
+                want, got = both((q, k, v, g, b, 0.1, h, final, 64))
+            assert all(torch.equal(x, y) for x, y in zip(want, got)), (B, T, seed)
+            assert len(routed) == (2 if seed == 0 else 1), (B, T, seed)  # replayed after
+    assert sum(r is not None for r in replay._replays.values()) == len(cases)
+    # recorded calls that torch writes into: the route's own path at every call
+    q, k, v, g, b, h = make_inputs(1, 2048, 2, 4, 128, 128, torch.bfloat16,
+                                   initial_state=True, device="cuda")
+    qt = q.transpose(1, 2).contiguous().transpose(1, 2)  # same values, other strides
+    for args in ((q, k, v, g, b, 0.1, h.bfloat16(), True, 64),
+                 (qt, k, v, g, b, 0.1, h, True, 64)):
+        for _ in range(2):
+            with torch.no_grad():
+                routed.clear()
+                want, got = both(args)
+            assert all(torch.equal(x, y) for x, y in zip(want, got)) and len(routed) == 2
+    split = make_inputs(1, 16384, 2, 4, 128, 128, torch.bfloat16, initial_state=True,
+                        device="cuda")  # 256 chunks: two segments in eager calls
+    for _ in range(2):
+        with torch.no_grad():
+            routed.clear()
+            want, got = both((*split[:5], 0.1, split[5], True, 64))
+        assert all(torch.equal(x, y) for x, y in zip(want, got)) and len(routed) == 2
+
+
+@pytest.mark.gpu
 def test_fused_gpu_g_zero_split_long():
     """No decay at all, 8192 tokens cut into 8 segments: composition must stay exact."""
     q, k, v, g, b, h = make_inputs(1, 8192, 2, 4, 128, 128, torch.bfloat16, gate="zero",

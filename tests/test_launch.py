@@ -176,7 +176,6 @@ def test_keywords_are_their_own_key_only_where_exact(monkeypatch):
         for value in (a, b, a, b):
             direct.launch(kernel, (3,), x, 32, BLOCK=value)
     assert len(kernel.jit_calls) == 2 * len(pairs)  # each value compiled once, apart
-    calls = len(kernel.jit_calls)
     for _ in range(3):
         direct.launch(kernel, (3,), x, 32, BLOCK=float("nan"))
     assert len(direct._kernels) <= 2 * len(pairs) + 1
@@ -189,7 +188,50 @@ def test_keywords_are_their_own_key_only_where_exact(monkeypatch):
     compiled = kernel.device_caches[0][0]
     assert [r[-4:] for r in compiled[n0].runs + compiled[n0 + 1].runs] == [
         (x, 7, 0.5, 7), (x, 11, 0.5, 2)]
-    assert calls == 2 * len(pairs)
+
+
+def test_launch_metadata_only_for_an_enter_hook(monkeypatch):
+    """The direct path builds Triton's launch metadata (a dict a launch) only when an enter
+    hook will read it: Triton 3.6's default hook is an empty HookChain, not None."""
+    monkeypatch.setattr(direct, "_driver", lambda: _Driver())
+    monkeypatch.setattr(direct, "_kernels", {})
+    asked = []
+    monkeypatch.setattr(_Compiled, "launch_metadata",
+                        lambda self, *a: asked.append(1) or {"name": "k"})
+    kernel = _Jit()
+    x = torch.zeros(64)
+    for _ in range(3):
+        direct.launch(kernel, (3,), x, 32, BLOCK=16)
+    assert asked == []
+    seen = []
+    triton.knobs.runtime.launch_enter_hook.add(seen.append)
+    try:
+        direct.launch(kernel, (3,), x, 32, BLOCK=16)
+    finally:
+        triton.knobs.runtime.launch_enter_hook.remove(seen.append)
+    compiled = kernel.device_caches[0][0][0]
+    assert asked == [1] and compiled.runs[-1][6] == {"name": "k"}
+
+
+def test_capability_is_cached_per_device_index(monkeypatch):
+    """chunk_index.capability asks torch once per device index; a device without an index
+    means the current device, whichever that is at the call."""
+    from gdn_fused.kernels import chunk_index
+    asked = []
+    current = [0]
+    monkeypatch.setattr(torch.cuda, "get_device_capability",
+                        lambda index: asked.append(index) or (9, index))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    chunk_index._capability.cache_clear()
+    try:
+        for _ in range(2):
+            assert chunk_index.capability(torch.device("cuda", 1)) == (9, 1)
+            assert chunk_index.capability(torch.device("cuda")) == (9, 0)
+        current[0] = 1
+        assert chunk_index.capability(torch.device("cuda")) == (9, 1)
+        assert asked == [1, 0]
+    finally:
+        chunk_index._capability.cache_clear()
 
 
 def _poison_like(*tensors):

@@ -130,6 +130,27 @@ def test_minus_inf_gate_resets_without_nan(backend):
     assert rel_err(o, o_ref) <= 1e-5 and rel_err(ht, ht_ref) <= 1e-5
 
 
+@pytest.mark.parametrize("backend", ["torch", "materialized", "fused"])
+def test_gate_below_the_floor_gets_no_gradient(backend):
+    """Gates below LOG_DECAY_MIN (−inf too) act as the floor, so their gradient is exactly 0
+    on every backend (torch's clamp in the autograd path; the kernels floor g again where
+    they load it), and the other gates' gradients match the torch backend's."""
+    q, k, v, g, b, h = make_inputs(1, 80, 1, 2, 64, 64, initial_state=True)
+    g[0, 10, 0], g[0, 30, 1], g[0, 50, 0] = -300., -torch.inf, -128.5
+    below = g < -128
+
+    def grads(backend):
+        x = g.clone().requires_grad_()
+        o, ht = chunk_gated_delta_rule(q, k, v, x, b, initial_state=h, output_final_state=True,
+                                       backend=backend)
+        (o.square().sum() + ht.sum()).backward()
+        return x.grad
+    dg = grads(backend)
+    assert torch.isfinite(dg).all() and torch.equal(dg[below], torch.zeros_like(dg[below]))
+    from gdn_fused.eval.cases import rel_err
+    assert rel_err(dg, grads("torch")) <= 1e-4
+
+
 def test_empty_batch_on_torch_backend():
     q, k, v, g, b, _ = make_inputs(0, 20, 2, 4, 16, 8)
     o, ht = chunk_gated_delta_rule(q, k, v, g, b, output_final_state=True, backend="torch")
