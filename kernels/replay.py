@@ -9,20 +9,29 @@ every call. :func:`run` records them once (kernels/launch.py hands each launch's
 kernel, grid and argument values to the recorder) and afterwards only allocates the
 intermediates, builds the descriptors and calls the compiled launchers.
 
+fn's contract: it returns a tuple of tensors (or None); it writes no input and no memory but
+its own allocations; every intermediate it allocates is written by its recorded launches alone
+(the check below reveals a torch-written one only where a kernel reads it arithmetically, as
+NaN, not where one only compares it); its decisions depend on the signature alone, not on
+tensor values or on state outside ``modules``' upper-case globals. The fused route keeps it:
+its inputs are read only, and its intermediates (G, the gate rows, T, o, the final state) are
+allocated by torch.empty and written by its three kernels.
+
 A recording maps every tensor argument (and every descriptor's base) to a view of an input (by
 address range) or of an intermediate (by storage: a block the recorded call allocated), each
 descriptor to its block shape, layout and padding, and keeps every other argument (numbers,
 None, constexprs of any kind) as recorded. It is kept only if the recorded call launched every
 kernel through the direct path, its inputs do not overlap in memory, its outputs are
-intermediates or inputs, and a replay into intermediates filled with NaN (or an integer
-pattern) gives the recorded outputs bit for bit. That check is what makes a replay exact:
-an intermediate written by anything but the recorded launches (a torch copy, a fill) would carry
-the poison into the outputs, and the signature would then keep the plain path. A signature
-whose check cannot decide (non-finite outputs) is recorded again at its next call.
+intermediates or inputs, every input is contiguous, every intermediate is floating-point, and
+a replay into intermediates filled with NaN gives the recorded outputs bit for bit: an
+intermediate written by a torch op (a copy, a fill) would carry the poison into the outputs,
+and the signature then keeps the plain path. A signature whose check cannot decide (non-finite
+outputs) is recorded again at its next call. Each new signature pays the check once (a second
+run of its kernels, NaN fills, a host synchronisation).
 
-No replay while a CUDA graph is being captured (the launcher's own path is captured) and no
-recording under a dispatch mode or with autograd recording: the callers use it for plain eager
-inference calls only.
+No replay while a CUDA graph is being captured (the launcher's own path is captured) or while
+a recording is under way (a nested call runs plainly). The fused route uses it for its
+inference calls, not for the training forward.
 """
 from __future__ import annotations
 
@@ -62,7 +71,8 @@ def signature(inputs, scalars, modules):
     knobs = triton.knobs
     return (tuple(None if x is None else (x.shape, x.stride(), x.dtype, x.device,
                                           x.data_ptr() % 16) for x in inputs),
-            scalars, _flags(modules), knobs.runtime.debug, knobs.compilation.instrumentation_mode,
+            tuple((type(x), repr(x)) for x in scalars), _flags(modules),
+            knobs.runtime.debug, knobs.compilation.instrumentation_mode,
             knobs.runtime.override_arch, knobs.language.default_fp_fusion)
 
 
@@ -109,9 +119,14 @@ def _record(fn, inputs, scalars):
     again = replay(inputs, poison=True)
     same = all((a is None and b is None) or (a is not None and b is not None
                                              and a.shape == b.shape and a.dtype == b.dtype
-                                             and torch.equal(a, b))
+                                             and _same_bits(a, b))
                for a, b in zip(outputs, again))
     return outputs, (replay if same else None)
+
+
+def _same_bits(a, b):
+    """Bit for bit (torch.equal takes −0.0 for 0.0)."""
+    return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
 
 
 class Replay:
@@ -119,6 +134,10 @@ class Replay:
 
     def __init__(self, launches, inputs, outputs):
         if not launches or any(x is None for x in launches):
+            raise _Refused
+        if any(x is not None and not x.is_contiguous() for x in inputs):
+            # (an input's memory is then not [data_ptr, + numel · size): an expanded one's is
+            # less, a gapped one's more; the fused route copies such inputs anyway)
             raise _Refused
         self._inputs = [(x.data_ptr(), x.data_ptr() + x.numel() * x.element_size(), x)
                         if x is not None else None for x in inputs]
@@ -132,6 +151,10 @@ class Replay:
         # each intermediate: its own shape where it is an output, else flat
         self.allocations = [None] * len(self._blocks)
         for slot, size, dtype, device, *shape in self._blocks.values():
+            if not dtype.is_floating_point:
+                # no poison reveals a torch-written index or flag; a poisoned index read by a
+                # kernel would be an illegal address
+                raise _Refused
             n = size // _element_size(dtype)
             self.allocations[slot] = (shape[0] if shape else (n,), dtype, device)
         self.n_inputs = len(inputs)
@@ -191,12 +214,11 @@ class Replay:
 
     def __call__(self, inputs, poison=False):
         """The recorded launches on ``inputs``; with ``poison`` the intermediates start as NaN
-        (integers as their largest value) instead of uninitialised (the recording's check)."""
+        instead of uninitialised (the recording's check)."""
         bases = list(inputs)
         for shape, dtype, device in self.allocations:
             if poison:
-                fill = float("nan") if dtype.is_floating_point else torch.iinfo(dtype).max
-                bases.append(torch.full(shape, fill, dtype=dtype, device=device))
+                bases.append(torch.full(shape, float("nan"), dtype=dtype, device=device))
             else:
                 bases.append(torch.empty(shape, dtype=dtype, device=device))
         for compiled, grid, specs in self.launches:

@@ -72,6 +72,7 @@ def launcher(x, y, s, torch_write=False):
     """Two launches through an intermediate; the second reads x's double through a TMA
     descriptor of a view; with ``torch_write`` the intermediate is written by torch instead."""
     calls.append(1)
+    x = x.contiguous()  # (as the fused route does: a copy of a non-contiguous input)
     mid = torch.empty_like(x)
     out = torch.empty_like(x)
     if torch_write:
@@ -117,17 +118,24 @@ def test_replay_runs_the_recorded_launches_on_new_tensors(stand_ins):
         assert torch.equal(out, _expected(x, y, 0.5)) and torch.equal(mid, x * 0.5 * FLAG_VALUE)
         assert empty.shape == (0,) and mid.shape == x.shape and mid._base is None
     assert len(calls) == 1  # recorded once, replayed three times
+    recorded, = replay._replays.values()
+    assert [a[0] for a in recorded.allocations] == [(256, 64), (256, 64)]  # mid, out: no
+    # buffer for the empty output, made anew
     assert sum(c.runs for k in (SCALE, ADD) for c in k.device_caches[0][0].values()) == 4 * 2 + 2
     # another signature (a scalar, a shape, a flag) records again
     x, y = _inputs(9)
     replay.run(launcher, (x, y), (0.25,), mods)
     replay.run(launcher, _inputs(9, 128), (0.25,), mods)
     assert len(calls) == 3
+    # −0.0 is a scalar of its own (0.0 == −0.0)
+    replay.run(launcher, (x, y), (0.0,), mods)
+    out, _, _ = replay.run(launcher, (x, y), (-0.0,), mods)
+    assert len(calls) == 5 and torch.equal(out, _expected(x, y, -0.0))
     module = sys.modules[__name__]
     module.FLAG_VALUE = 3.0
     try:
         out, _, _ = replay.run(launcher, (x, y), (0.25,), mods)
-        assert len(calls) == 4 and torch.equal(out, _expected(x, y, 0.25))
+        assert len(calls) == 6 and torch.equal(out, _expected(x, y, 0.25))
     finally:
         module.FLAG_VALUE = 2.0
 
@@ -144,8 +152,10 @@ def test_no_replay_where_torch_writes_an_intermediate(stand_ins):
 
 
 def test_refused_recordings(stand_ins, monkeypatch):
-    """Overlapping inputs (a view could belong to either), a launch through Triton's plain
-    path, non-finite outputs (undecided: recorded again next call) and replay off."""
+    """Overlapping inputs (a view could belong to either), non-finite outputs (undecided:
+    recorded again next call), a launch through Triton's plain path beside a direct one, a
+    non-contiguous input, an integer intermediate (no poison reveals a torch-written one),
+    and replay off."""
     mods = (sys.modules[__name__],)
     x, _ = _inputs(0)
     out, _, _ = replay.run(launcher, (x, x), (0.5,), mods)
@@ -155,11 +165,40 @@ def test_refused_recordings(stand_ins, monkeypatch):
     y[3, 5] = float("nan")
     replay.run(launcher, (x, y), (0.5,), mods)
     assert replay._replays == {}  # undecided
-    monkeypatch.setattr(direct, "DIRECT", False)  # every launch through the plain path
+    replay._replays.clear()
+
+    class Plain:  # not a JIT function: launched through the plain path, unseen by the recorder
+        def __getitem__(self, grid):
+            return lambda x, out: out.copy_(x * 3)
+
+    def mixed(x, y):
+        mid = torch.empty_like(x)
+        direct.launch(SCALE, (1,), x, mid, 2.0, BLOCK=16)
+        out = torch.empty_like(x)
+        direct.launch(Plain(), (1,), mid, out)
+        return (out,)
     x, y = _inputs(2)
-    replay.run(launcher, (x, y), (0.5,), mods)
+    replay.run(mixed, (x, y), (), mods)
     assert list(replay._replays.values()) == [None]
-    monkeypatch.setattr(direct, "DIRECT", True)
+    replay._replays.clear()
+    x, y = _inputs(3)
+
+    def direct_read(x, y):
+        mid = torch.empty(x.shape)
+        direct.launch(SCALE, (1,), x, mid, 2.0, BLOCK=16)
+        return (mid,)
+    # an expanded input, read by the kernel as it is: its memory is one row, not numel's
+    out, = replay.run(direct_read, (x[:1].expand(256, 64), y), (), mods)
+    assert torch.equal(out, x[:1].expand(256, 64) * 2)
+    assert list(replay._replays.values()) == [None]
+    replay._replays.clear()
+
+    def int_intermediate(x, y):
+        idx = torch.empty(x.shape, dtype=torch.int64)  # written whole by the kernel
+        direct.launch(SCALE, (1,), x, idx, 4.0, BLOCK=16)
+        return (idx,)
+    replay.run(int_intermediate, (x, y), (), mods)
+    assert list(replay._replays.values()) == [None]
     monkeypatch.setattr(replay, "REPLAY", False)
     calls.clear()
     for seed in range(2):
