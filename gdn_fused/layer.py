@@ -286,7 +286,8 @@ class GatedDeltaNet(nn.Module):
         Args:
             hidden_states: ``[B, T, d_model]`` fp16/bf16/fp32 (fp64 with backend "torch"), in
                 the dtype of the layer's parameters (any, under ``torch.autocast``).
-            attention_mask: None or a 2-D padding mask ``[B, T' ≥ T]`` (bool or 0/1 ints; its
+            attention_mask: None or a 2-D padding mask ``[B, T' ≥ T]`` (bool or 0/1 ints as
+                Hugging Face passes it; any nonzero entry counts as a token, 0 as padding; its
                 last T columns are used, Hugging Face's convention). Padded tokens neither
                 write nor decay the state (their k, v, beta and g are zeroed), their inputs
                 are replaced by 0 (whatever they hold), the conv runs with them taken out of
