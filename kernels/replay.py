@@ -157,7 +157,6 @@ class Replay:
                 raise _Refused
             n = size // _element_size(dtype)
             self.allocations[slot] = (shape[0] if shape else (n,), dtype, device)
-        self.n_inputs = len(inputs)
         del self._inputs, self._blocks  # no tensor of the recorded call is kept
 
     def _tensor(self, x):
