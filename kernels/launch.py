@@ -146,11 +146,13 @@ def _recorder():
 
 
 def _recorded(compiled, grid, values):
-    if compiled is None or hasattr(compiled, "result"):
-        recording.launches.append(None)
-    else:
-        recording.launches.append((compiled, (*grid, *(1,) * (3 - len(grid))), tuple(values)))
-    return compiled
+    recording.launches.append(None if compiled is None
+                              else (compiled, _grid3(grid), tuple(values)))
+
+
+def _grid3(grid):
+    """A grid of 1–3 ints as three."""
+    return (*grid, *(1,) * (3 - len(grid)))
 
 
 def launch(kernel, grid, *args, **kwargs):
@@ -199,8 +201,7 @@ def launch(kernel, grid, *args, **kwargs):
         return compiled
     compiled = entry[0]
     values = [*args, *(entry[2] if kept else _tail(kwargs, names, defaults, len(args)))]
-    _run(compiled, (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1),
-         values, driver.get_current_stream(device))
+    _run(compiled, _grid3(grid), values, driver.get_current_stream(device))
     if _recorder() is not None:
         _recorded(compiled, grid, values)
     return compiled

@@ -155,7 +155,7 @@ class Replay:
                 # no poison reveals a torch-written index or flag; a poisoned index read by a
                 # kernel would be an illegal address
                 raise _Refused
-            n = size // _element_size(dtype)
+            n = size // dtype.itemsize
             self.allocations[slot] = (shape[0] if shape else (n,), dtype, device)
         del self._inputs, self._blocks  # no tensor of the recorded call is kept
 
@@ -229,16 +229,6 @@ class Replay:
                      else torch.empty(spec[1], dtype=spec[2], device=spec[3])
                      if spec[0] is None else _view(bases, spec)
                      for spec in self.outputs)
-
-
-_ELEMENT_SIZES: dict = {}
-
-
-def _element_size(dtype):
-    size = _ELEMENT_SIZES.get(dtype)
-    if size is None:
-        size = _ELEMENT_SIZES[dtype] = torch.empty((), dtype=dtype).element_size()
-    return size
 
 
 def _view(bases, spec):
