@@ -492,7 +492,7 @@ def test_fused_gpu_route_replay_gives_the_route_bits(monkeypatch):
     from gdn_fused.kernels import fused_fwd as module
     from gdn_fused.kernels import replay
     monkeypatch.setattr(replay, "_replays", {})
-    monkeypatch.setattr(replay, "REPLAY", True)  # (off by default until this test passes)
+    monkeypatch.setattr(replay, "REPLAY", True)  # (GDN_REPLAY=0 may have turned it off)
     routed = []
     route = module._route
     monkeypatch.setattr(module, "_route", lambda *a: routed.append(1) or route(*a))
