@@ -236,6 +236,13 @@ def _gluon_kkt_solve_from_k():
                                                     HEADS=2)
 
 
+def _gluon_kkt_roles():
+    from gdn_fused.kernels.gluon_kkt_roles import kkt_solve_from_k_roles_kernel
+    fn, sig, consts = _gluon_kkt_solve_from_k()
+    consts = {n: v for n, v in consts.items() if n not in ("KEYS", "HEADS")}
+    return kkt_solve_from_k_roles_kernel, sig, consts
+
+
 def _fused_fwd(num_segments: int = 1, load_t: bool = True):
     from gdn_fused.kernels.fused_fwd import SUB, _fused_fwd_kernel, dot_precisions, launch_config
     import torch
@@ -447,12 +454,15 @@ def _kernels() -> dict:
     from gdn_fused.kernels.gluon_transposed import MAXNREG_TWO_OUTPUTS as T_MAXNREG_2
     from gdn_fused.kernels.gluon_wu import NUM_WARPS as WU_WARPS
     from gdn_fused.kernels.kkt_solve import MAXNREG_FROM_A, NUM_WARPS
+    from gdn_fused.kernels.gluon_kkt_roles import LAUNCH_MAXNREG as ROLES_MAXNREG
     return {
         "kkt_solve blocked (A in)": (lambda: _kkt_solve(False), dict(num_warps=NUM_WARPS["blocked"],
                                                                      maxnreg=MAXNREG_FROM_A)),
         "kkt_solve blocked (from k)": (lambda: _kkt_solve(True), dict(num_warps=NUM_WARPS["blocked"])),
         "kkt_solve gluon (A in)": (_gluon_kkt_solve, dict(num_warps=1)),
         "kkt_solve gluon (from k)": (_gluon_kkt_solve_from_k, dict(num_warps=1)),
+        "kkt_solve gluon (from k, four roles)": (_gluon_kkt_roles,
+                                                 dict(num_warps=4, maxnreg=ROLES_MAXNREG)),
         "kkt_solve newton_schulz:12 (from k)": (lambda: _kkt_solve(True, "newton_schulz", 12),
                                                 dict(num_warps=NUM_WARPS["newton_schulz"])),
         "fused forward (T read)": (lambda: _fused_fwd(1), launch_config(128)[1]),

@@ -527,10 +527,12 @@ def _warp_specialized_fwd(q, k, v, g, beta, scale, initial_state, output_final_s
 @functools.cache
 def _route_modules():
     """The modules whose flags (upper-case globals) the route's launches are decided from."""
-    from gdn_fused.kernels import (chunk_gate, chunk_state, gluon_kkt_solve, gluon_ring,
-                                   gluon_transposed, kkt_solve, materialized, pdl, streams)
+    from gdn_fused.kernels import (chunk_gate, chunk_state, gluon_kkt_roles, gluon_kkt_solve,
+                                   gluon_ring, gluon_transposed, kkt_solve, materialized, pdl,
+                                   streams)
     return (sys.modules[__name__], materialized, chunk_gate, kkt_solve, gluon_kkt_solve,
-            gluon_transposed, gluon_ring, chunk_state, chunk_index, pdl, direct, streams)
+            gluon_kkt_roles, gluon_transposed, gluon_ring, chunk_state, chunk_index, pdl,
+            direct, streams)
 
 
 def _route(q, k, v, g, beta, initial_state, scale, output_final_state, chunk_size,

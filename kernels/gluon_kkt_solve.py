@@ -72,6 +72,9 @@ SHARED_KEYS = True
 # and staged in shared memory (+0.75 KB a head), instead of loaded from global memory by every
 # block's gating (session 13; timed against each other by eval.bench --sweep kkt)
 STAGED_GATES = True
+# kkt_solve_from_k_gluon's ROLES: where two heads share a program, its work spread over four
+# one-warp roles (kernels/gluon_kkt_roles.py, session 25), the same bits
+ROLES = False
 
 # the substitution's [block, column, row] tile: rows (dim 2) wholly in registers, 8 lanes × 2
 # columns span a block's 16 columns, 4 lanes the 4 blocks
@@ -527,7 +530,8 @@ def _key_layouts(K):
 
 def kkt_solve_from_k_gluon(k, G, beta, num_value_heads, output_dtype=torch.float32,
                            cu_seqlens=None, chunk_indices=None, num_chunks=None, maxnreg=None,
-                           shared_keys=None, staged_gates=None, swizzled=None, out=None):
+                           shared_keys=None, staged_gates=None, swizzled=None, out=None,
+                           roles=None):
     """T = (I + strictLower(diag(β)(Γ ⊙ K Kᵀ)))⁻¹ per chunk of 64 on a CUDA GPU (sm_80 or
     later), A formed on chip and never written: k [B, T, H, K] fp16/bf16 with K a power of two
     in [16, 256], G [B, T, HV] chunk-cumulated (fp64 from chunk_cumsum), beta [B, T, HV]; returns
@@ -539,7 +543,9 @@ def kkt_solve_from_k_gluon(k, G, beta, num_value_heads, output_dtype=torch.float
     (None: :data:`SHARED_KEYS`; the same bits either way, measured on the H200);
     staged_gates: G and β staged in shared memory once a chunk (None: :data:`STAGED_GATES`;
     the same values either way); swizzled: A's staged blocks swizzled (None:
-    :data:`SWIZZLED_A`; the same values either way); out: a contiguous [B, T, HV, 64] tensor
+    :data:`SWIZZLED_A`; the same values either way); roles: where two heads share a program
+    (and the gates are staged), spread its work over four one-warp roles
+    (kernels/gluon_kkt_roles.py; None: :data:`ROLES`; the same bits); out: a contiguous [B, T, HV, 64] tensor
     of ``output_dtype`` to write T into (a view of a longer sequence's T: the fused forward
     solves its two segments' chunks in two launches), or None for a new one."""
     B, T, H, K = k.shape
@@ -560,12 +566,22 @@ def kkt_solve_from_k_gluon(k, G, beta, num_value_heads, output_dtype=torch.float
     KA, keys, keys_smem = _key_layouts(K)
     heads = 2 if (shared_keys if shared_keys is not None else SHARED_KEYS) \
         and (HV // H) % 2 == 0 else 1
+    staged = STAGED_GATES if staged_gates is None else bool(staged_gates)
+    swizzled = SWIZZLED_A if swizzled is None else bool(swizzled)
+    if heads == 2 and staged and (ROLES if roles is None else roles):
+        from gdn_fused.kernels import gluon_kkt_roles
+        direct.launch(
+            gluon_kkt_roles.kkt_solve_from_k_roles_kernel, (NT * B * HV // 2,),
+            k, G, beta, Ai, cu_seqlens, chunk_indices, T, B * HV // 2, H=H, HV=HV, K=K, KA=KA,
+            KEYS_SMEM=keys_smem, IS_VARLEN=cu_seqlens is not None, SWIZZLED=swizzled,
+            num_warps=gluon_kkt_roles.STAGE_WARPS,
+            maxnreg=maxnreg or gluon_kkt_roles.LAUNCH_MAXNREG, **pdl_options(k.device))
+        return Ai
     direct.launch(
         kkt_solve_from_k_gluon_kernel, (NT * B * HV // heads,),
         k, G, beta, Ai, cu_seqlens, chunk_indices, T, B * HV // heads, H=H, HV=HV, K=K, KA=KA,
         KEYS=keys, KEYS_SMEM=keys_smem, IS_VARLEN=cu_seqlens is not None, HEADS=heads,
-        STAGED_GATES=STAGED_GATES if staged_gates is None else bool(staged_gates),
-        SWIZZLED=SWIZZLED_A if swizzled is None else bool(swizzled),
+        STAGED_GATES=staged, SWIZZLED=swizzled,
         num_warps=NUM_WARPS, **({} if maxnreg is None else {"maxnreg": maxnreg}),
         **pdl_options(k.device))
     return Ai

@@ -232,12 +232,27 @@ def test_gluon_from_k_with_shared_keys_compiles():
     assert r["shared"] == 64 * KA * 2 + 10 * 16 * 16 * 4 + 2 * 64 * 12, r
 
 
+def test_gluon_from_k_roles_compiles():
+    """The four-role form (kernels/gluon_kkt_roles.py) compiles for sm_90a with the one-warp
+    kernel's 544 mma.sync (the same products), per-role register budgets (setmaxnreg), its
+    mbarriers, no spills at its launch cap, and under 40 KB of shared memory (the keys' 16 KB,
+    both heads' A 20 KB, the gate rows 1.5 KB, the barriers)."""
+    from gdn_fused.eval.ptxas import _gluon_kkt_roles, compile_report
+    from gdn_fused.kernels.gluon_kkt_roles import LAUNCH_MAXNREG, STAGE_WARPS
+    fn, sig, consts = _gluon_kkt_roles()
+    r = compile_report(fn, sig, consts, 90, num_warps=STAGE_WARPS, maxnreg=LAUNCH_MAXNREG)
+    assert r["features"]["mma.sync"] == 2 * 192 + 10 * 2 * consts["KA"] // 16, r
+    assert r["features"]["setmaxnreg"] > 0 and r["features"]["mbarrier"] > 0, r
+    assert r["spill_stores"] == 0 and r["registers"] <= LAUNCH_MAXNREG, r
+    assert 64 * consts["KA"] * 2 + 2 * 10 * 16 * 16 * 4 + 2 * 64 * 12 <= r["shared"] <= 40_000, r
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("gva", [2, 4])
 def test_gluon_from_k_with_shared_keys(gva):
     """kkt_solve_from_k_gluon with shared_keys (K Kᵀ formed once for two value heads), with the
-    gates staged in shared memory (staged_gates) and with both and A's blocks swizzled
-    (swizzled) gives the bits of one head a program reading its gates from global memory with
+    gates staged in shared memory (staged_gates), with both and A's blocks swizzled
+    (swizzled), and with those spread over four one-warp roles (roles) gives the bits of one head a program reading its gates from global memory with
     A unswizzled, fp32 and bf16 out, for logsigmoid and zero
     gates, dense with a partial last chunk (B = 2) and packed with an empty sequence.
     (Session 11, before the substitution's row-0 term became a select: the second head of
@@ -257,13 +272,17 @@ def test_gluon_from_k_with_shared_keys(gva):
             for dtype in (torch.float32, torch.bfloat16):
                 one = kkt_solve_from_k_gluon(k, G, beta, HV, dtype, shared_keys=False,
                                              staged_gates=False, swizzled=False, **idx)
-                for shared, staged, swizzled in ((True, False, False), (False, True, False),
-                                                 (True, True, True)):
+                for shared, staged, swizzled, roles in ((True, False, False, False),
+                                                        (False, True, False, False),
+                                                        (True, True, True, False),
+                                                        (True, True, True, True),
+                                                        (True, True, False, True)):
                     two = kkt_solve_from_k_gluon(k, G, beta, HV, dtype, shared_keys=shared,
-                                                 staged_gates=staged, swizzled=swizzled, **idx)
+                                                 staged_gates=staged, swizzled=swizzled,
+                                                 roles=roles, **idx)
                     d = (one.float() - two.float()).abs().max().item()
                     assert torch.equal(one, two), (gate, B, T, dtype, shared, staged, swizzled,
-                                                   d)
+                                                   roles, d)
 
 
 def test_gluon_from_k_refusals():

@@ -1,0 +1,61 @@
+"""A/B of a module flag on the fused forward (device machine): the anchor shapes' fused forward
+as a CUDA-graph replay (the kernels alone) and eager, with the flag at each value in turn,
+interleaved over three rounds in one process, fla 0.6.0's forward beside it; asserts the
+outputs are the same bits under every value (a flag that changes bits is not an A/B).
+
+    PYTHONPATH=$PWD python3 scripts/ab_flag.py gdn_fused.kernels.gluon_kkt_solve.ROLES False True
+"""
+import argparse
+import importlib
+import statistics
+
+import torch
+import triton
+
+import gdn_fused
+from eval.bench import ANCHOR_SHAPES, DIM, graph_ms, load_fla, make_inputs
+
+p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+p.add_argument("flag", help="module.NAME, e.g. gdn_fused.kernels.gluon_kkt_solve.ROLES")
+p.add_argument("values", nargs="+", help="Python literals, e.g. False True")
+p.add_argument("--rounds", type=int, default=3)
+args = p.parse_args()
+module_name, name = args.flag.rsplit(".", 1)
+module = importlib.import_module(module_name)
+values = [eval(v) for v in args.values]  # literals given on the command line
+fla_chunk, _ = load_fla()
+
+for B, T in ANCHOR_SHAPES:
+    q, k, v, g, beta, h0 = make_inputs(B, T)
+
+    def fused():
+        return gdn_fused.chunk_gated_delta_rule(q, k, v, g, beta, scale=DIM ** -0.5,
+                                                initial_state=h0, output_final_state=True,
+                                                backend="fused")
+    times = {v: {"graph": [], "eager": []} for v in values}
+    outs = {}
+    with torch.no_grad():
+        for _ in range(args.rounds):
+            for value in values:
+                setattr(module, name, value)
+                outs[value] = [x.clone() for x in fused()]
+                times[value]["graph"].append(1e3 * graph_ms(fused))
+                times[value]["eager"].append(
+                    1e3 * triton.testing.do_bench(fused, return_mode="median"))
+        same = all(torch.equal(a, b) for o in outs.values() for a, b in zip(o, outs[values[0]]))
+        fla = None
+        if fla_chunk is not None:
+            fla = 1e3 * graph_ms(lambda: fla_chunk(q, k, v, g, beta, scale=DIM ** -0.5,
+                                                   initial_state=h0,
+                                                   output_final_state=True))
+    setattr(module, name, values[0])
+    row = {"B": B, "T": T, "same_bits": same, "fla_graph_us": fla}
+    for value in values:
+        for kind in ("graph", "eager"):
+            us = statistics.median(times[value][kind])
+            row[f"{value}_{kind}_us"] = round(us, 1)
+            if fla and kind == "graph":
+                row[f"{value}_graph_over_fla"] = round(us / fla, 3)
+    row["rounds"] = {str(v): [round(x, 1) for x in times[v]["graph"]] for v in values}
+    print(row, flush=True)
+    assert same, f"{args.flag} changed the outputs at B={B}, T={T}"
