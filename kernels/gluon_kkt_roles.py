@@ -33,11 +33,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from gdn_fused.kernels.gluon_kkt_solve import (A16_OP, A_OP, B16_OP, B_OP, BLOCK, LOAD3, MMA,
-                                               NB, ROW, ROW_SMEM, _as_b, _coupling_slot,
-                                               _gated_block, _mma3, _operand, _program, _stack,
-                                               _store, a_staging)
-from gdn_fused.kernels.gluon_wu import _sum
+from gdn_fused.kernels.gluon_kkt_solve import (A16_OP, B16_OP, BLOCK, LOAD3, MMA, NB, ROW_SMEM,
+                                               _coupling, _coupling_slot, _gated_block, _program, _stack,
+                                               _store_diagonal, _substitute, a_staging)
 from gdn_fused.kernels.pdl import gl_launch_dependents, gl_wait_for_previous_grid
 
 ROLES = gl.constexpr(4)
@@ -84,23 +82,6 @@ def _kk_block(k_smem, a_heads, c_heads, g_rows, b_rows, row0, seqlen, ib: gl.con
 
 
 @gluon.jit
-def _store_diagonal(t_tile, S, row0, seqlen, x, b0: gl.constexpr):
-    """Diagonal blocks b0, b0 + 1 of the output tile from x [2, 16, 16], and the zero blocks to
-    their right."""
-    layout: gl.constexpr = x.type.layout
-    b = b0 + gl.arange(0, 2, layout=gl.SliceLayout(1, gl.SliceLayout(2, layout)))[:, None, None]
-    r = gl.arange(0, BLOCK, layout=gl.SliceLayout(0, gl.SliceLayout(2, layout)))
-    c = gl.arange(0, BLOCK, layout=gl.SliceLayout(0, gl.SliceLayout(1, layout)))
-    rows = b * BLOCK + r[None, :, None]
-    gl.store(t_tile + rows * S + b * BLOCK + c[None, None, :], x.to(t_tile.dtype.element_ty),
-             mask=row0 + rows < seqlen)
-    zero = gl.zeros([BLOCK, BLOCK], gl.float32, gl.SliceLayout(0, LOAD3))
-    for ib in gl.static_range(b0, b0 + 2):
-        for jb in gl.static_range(ib + 1, NB):
-            _store(t_tile, S, row0, seqlen, zero, ib, jb)
-
-
-@gluon.jit
 def _stage_keys(k, G_tile, beta_tile, row0, seqlen, key_row0, k_smem, g_rows, b_rows, bars,
                 H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr):
     """The default partition (four warps): the chunk's keys and both heads' G and β rows
@@ -136,7 +117,7 @@ def _role(t_tile, row0, seqlen, k_smem, a_heads, c_heads, g_rows, b_rows, bars,
     S: gl.constexpr = HV * BT
     h: gl.constexpr = ROLE // 2
     c: gl.constexpr = ROLE % 2
-    mbarrier.wait(bars.index(0), 0)
+    mbarrier.wait(bars.index(0), 0)  # 1. keys and gates staged (_stage_keys)
     # 2. K Kᵀ's blocks, 3 + 3 + 2 + 2, each gated for both heads
     if ROLE == 0:
         _kk_block(k_smem, a_heads, c_heads, g_rows, b_rows, row0, seqlen, 3, 0, HV)
@@ -155,19 +136,10 @@ def _role(t_tile, row0, seqlen, k_smem, a_heads, c_heads, g_rows, b_rows, bars,
     gl.thread_barrier()
     mbarrier.arrive(bars.index(1), count=1)
     mbarrier.wait(bars.index(1), 0)
-    # 3. diagonal blocks 2c, 2c + 1 of head h: row i of (I + L)⁻¹ is e_i − Σ_m L_im T_m, each
-    #    thread its own column (kkt_solve_from_k_gluon_kernel's _solve_staged, term for term)
+    # 3. diagonal blocks 2c, 2c + 1 of head h, one column a thread (the one-warp kernel holds
+    #    two columns of each of four blocks; the same arithmetic a column)
     flat: gl.constexpr = a_staging(2, SWIZZLED)
-    l3 = _stack(a_heads[h], 2 * c, 2, False)
-    ob = gl.arange(0, 2, layout=gl.SliceLayout(1, gl.SliceLayout(2, COLUMNS2)))[:, None, None]
-    oj = gl.arange(0, BLOCK, layout=gl.SliceLayout(0, gl.SliceLayout(2, COLUMNS2)))[None, :, None]
-    om = gl.arange(0, BLOCK, layout=gl.SliceLayout(0, gl.SliceLayout(1, COLUMNS2)))[None, None, :]
-    T3 = gl.where(oj == om, 1., gl.zeros([2, BLOCK, BLOCK], gl.float32, COLUMNS2))
-    for i in gl.static_range(1, BLOCK):
-        L_i = l3.slice(i, 1, dim=1).load(COLUMNS2)
-        terms = gl.where(om == 0, gl.where(oj == 0, L_i, 0.), L_i * T3)
-        row = (oj == i).to(gl.float32) - gl.expand_dims(_sum(terms, axis=2), 2)
-        T3 = gl.where(om == i, row, T3)
+    T3 = _substitute(_stack(a_heads[h], 2 * c, 2, False), COLUMNS2)
     gl.thread_barrier()  # this role's rows of L read before its inverses overwrite them
     inv = a_heads[h]._reinterpret(gl.float32, [NB * BLOCK, BLOCK], flat)
     inv3 = _stack(inv, 2 * c, 2, SWIZZLED)
@@ -178,38 +150,12 @@ def _role(t_tile, row0, seqlen, k_smem, a_heads, c_heads, g_rows, b_rows, bars,
     _store_diagonal(t_head, S, row0, seqlen, inv3.load(LOAD3), 2 * c)
     mbarrier.wait(bars.index(2 + h), 0)
     # 4. the coupling blocks of column 0, or of columns 1 and 2 (the one-warp kernel's products)
-    zero = gl.zeros([BLOCK, BLOCK], gl.float32, MMA)
     diag = (inv.slice(0, BLOCK), inv.slice(BLOCK, BLOCK), inv.slice(2 * BLOCK, BLOCK),
             inv.slice(3 * BLOCK, BLOCK))
-    cpl = c_heads[h]
-    if c == 0:
-        T10 = -_mma3(_operand(diag[1], A_OP), _as_b(_mma3(_operand(_coupling_slot(cpl, 1, 0),
-                                                                    A_OP),
-                                                          _operand(diag[0], B_OP), zero)), zero)
-        _store(t_head, S, row0, seqlen, T10, 1, 0)
-        T10_b = _as_b(T10)
-        P20 = _mma3(_operand(_coupling_slot(cpl, 2, 0), A_OP), _operand(diag[0], B_OP), zero)
-        P20 = _mma3(_operand(_coupling_slot(cpl, 2, 1), A_OP), T10_b, P20)
-        T20 = -_mma3(_operand(diag[2], A_OP), _as_b(P20), zero)
-        _store(t_head, S, row0, seqlen, T20, 2, 0)
-        P30 = _mma3(_operand(_coupling_slot(cpl, 3, 0), A_OP), _operand(diag[0], B_OP), zero)
-        P30 = _mma3(_operand(_coupling_slot(cpl, 3, 1), A_OP), T10_b, P30)
-        P30 = _mma3(_operand(_coupling_slot(cpl, 3, 2), A_OP), _as_b(T20), P30)
-        T30 = -_mma3(_operand(diag[3], A_OP), _as_b(P30), zero)
-        _store(t_head, S, row0, seqlen, T30, 3, 0)
-    else:
-        T21 = -_mma3(_operand(diag[2], A_OP), _as_b(_mma3(_operand(_coupling_slot(cpl, 2, 1),
-                                                                    A_OP),
-                                                          _operand(diag[1], B_OP), zero)), zero)
-        _store(t_head, S, row0, seqlen, T21, 2, 1)
-        T32 = -_mma3(_operand(diag[3], A_OP), _as_b(_mma3(_operand(_coupling_slot(cpl, 3, 2),
-                                                                    A_OP),
-                                                          _operand(diag[2], B_OP), zero)), zero)
-        _store(t_head, S, row0, seqlen, T32, 3, 2)
-        P31 = _mma3(_operand(_coupling_slot(cpl, 3, 1), A_OP), _operand(diag[1], B_OP), zero)
-        P31 = _mma3(_operand(_coupling_slot(cpl, 3, 2), A_OP), _as_b(T21), P31)
-        T31 = -_mma3(_operand(diag[3], A_OP), _as_b(P31), zero)
-        _store(t_head, S, row0, seqlen, T31, 3, 1)
+    cpl = (_coupling_slot(c_heads[h], 1, 0), _coupling_slot(c_heads[h], 2, 0),
+           _coupling_slot(c_heads[h], 2, 1), _coupling_slot(c_heads[h], 3, 0),
+           _coupling_slot(c_heads[h], 3, 1), _coupling_slot(c_heads[h], 3, 2))
+    _coupling(diag, cpl, t_head, S, row0, seqlen, c == 0, c == 1)
 
 
 @gluon.jit
@@ -218,9 +164,10 @@ def kkt_solve_from_k_roles_kernel(k, G, beta, Ai, cu_seqlens, chunk_indices, T, 
                                   KA: gl.constexpr, KEYS_SMEM: gl.constexpr, IS_VARLEN: gl.constexpr,
                                   SWIZZLED: gl.constexpr = True, PDL: gl.constexpr = False):
     """kkt_solve_from_k_gluon_kernel with HEADS = 2 and STAGED_GATES, its work spread over
-    four one-warp roles (module docstring). Launched with num_warps = 1 (the default
-    partition, role 0) on the one-warp kernel's grid (NBH counts head pairs); KEYS_SMEM: the
-    keys' shared layout (gluon_kkt_solve._key_layouts)."""
+    four one-warp roles (module docstring). Launched with num_warps = STAGE_WARPS (the default
+    partition, which stages the keys and gates) and maxnreg = LAUNCH_MAXNREG on the one-warp
+    kernel's grid (NBH counts head pairs); KEYS_SMEM: the keys' shared layout
+    (gluon_kkt_solve._key_layouts)."""
     if PDL:
         gl_wait_for_previous_grid()
         gl_launch_dependents()

@@ -73,8 +73,13 @@ SHARED_KEYS = True
 # block's gating (session 13; timed against each other by eval.bench --sweep kkt)
 STAGED_GATES = True
 # kkt_solve_from_k_gluon's ROLES: where two heads share a program, its work spread over four
-# one-warp roles (kernels/gluon_kkt_roles.py, session 25), the same bits
-ROLES = False
+# one-warp roles (kernels/gluon_kkt_roles.py, session 25), the same bits. H200, bf16 T, H = 16,
+# HV = 32: the inverse alone at (8, 4096) 194 → 184 µs; the fused forward (graph) at (1, 2048)
+# 83.8 → 74.8 µs (its 512 programs are under one wave: a program's latency is the time),
+# (8, 4096) and (32, 2048) unchanged within noise; slower beside a state pass (the fused
+# forward's split inverse: (1, 32768) 764 → 823 µs, (1, 8192) 208 → 225), which therefore
+# asks for the one-warp kernel (docs/results/ab_kkt_roles_2026-12-02_s25.log)
+ROLES = True
 
 # the substitution's [block, column, row] tile: rows (dim 2) wholly in registers, 8 lanes × 2
 # columns span a block's 16 columns, 4 lanes the 4 blocks
@@ -193,11 +198,12 @@ def _operand(block, layout: gl.constexpr):
 
 @gluon.jit
 def _store(p_tile, row_stride, row0, seqlen, x, ib: gl.constexpr, jb: gl.constexpr):
-    """Block (ib, jb) of the output tile from x [16, 16] (any layout), or the NB diagonal
-    blocks from x [NB, 16, 16] (ib = jb = 0)."""
+    """Block (ib, jb) of the output tile from x [16, 16] (any layout), or the n diagonal
+    blocks ib … ib + n − 1 from x [n, 16, 16] (jb = ib)."""
     layout: gl.constexpr = x.type.layout
     if len(x.shape) == 3:
-        b = gl.arange(0, NB, layout=gl.SliceLayout(1, gl.SliceLayout(2, layout)))[:, None, None]
+        b = ib + gl.arange(0, x.shape[0],
+                           layout=gl.SliceLayout(1, gl.SliceLayout(2, layout)))[:, None, None]
         r = gl.arange(0, BLOCK, layout=gl.SliceLayout(0, gl.SliceLayout(2, layout)))
         c = gl.arange(0, BLOCK, layout=gl.SliceLayout(0, gl.SliceLayout(1, layout)))
         rows = b * BLOCK + r[None, :, None]
@@ -211,9 +217,87 @@ def _store(p_tile, row_stride, row0, seqlen, x, ib: gl.constexpr, jb: gl.constex
 
 
 @gluon.jit
+def _store_diagonal(t_tile, S, row0, seqlen, x, b0: gl.constexpr):
+    """Diagonal blocks b0 … b0 + n − 1 of the output tile from x [n, 16, 16] (16-byte rows
+    in LOAD3), and the zero blocks to their right."""
+    _store(t_tile, S, row0, seqlen, x, b0, b0)
+    zero = gl.zeros([BLOCK, BLOCK], gl.float32, gl.SliceLayout(0, LOAD3))
+    for ib in gl.static_range(b0, b0 + x.shape[0]):
+        for jb in gl.static_range(ib + 1, NB):
+            _store(t_tile, S, row0, seqlen, zero, ib, jb)
+
+
+@gluon.jit
 def _as_b(x):
     """A product's result (accumulator layout) as a split B operand."""
     return _split(gl.convert_layout(x, B_OP))
+
+
+@gluon.jit
+def _substitute(l3, layout: gl.constexpr):
+    """The inverses of the unit lower-triangular blocks I + L_b of an [n, 16, 16] shared view of
+    strictly lower blocks, read a row at a time (unswizzled), as T3[b, j, m] = (I + L_b)⁻¹[m, j]
+    in ``layout``, whose threads each hold whole columns j (rows m in registers): row i of the
+    inverse is e_i − Σ_m L_im T_m, each thread updating its own columns with in-register
+    multiply-adds, given row i of L read whole by each thread (a broadcast)."""
+    n: gl.constexpr = l3.shape[0]
+    oj = gl.arange(0, BLOCK, layout=gl.SliceLayout(0, gl.SliceLayout(2, layout)))[None, :, None]
+    om = gl.arange(0, BLOCK, layout=gl.SliceLayout(0, gl.SliceLayout(1, layout)))[None, None, :]
+    T3 = gl.where(oj == om, 1., gl.zeros([n, BLOCK, BLOCK], gl.float32, layout))
+    for i in gl.static_range(1, BLOCK):
+        # row i of every block, whole in each thread: [n, 1, 16]
+        L_i = l3.slice(i, 1, dim=1).load(layout)
+        # row 0 of T3 is e₀: its term is selected, not multiplied, so every add of the sum
+        # has one product to contract into an fma and each copy of this solve (HEADS = 2
+        # has two) compiles to the same rounding (a product of L_i0 · 1 let LLVM order the
+        # first add either way: ≤ 1.9e-9 between the heads, session 11)
+        terms = gl.where(om == 0, gl.where(oj == 0, L_i, 0.), L_i * T3)
+        row = (oj == i).to(gl.float32) - gl.expand_dims(_sum(terms, axis=2), 2)
+        T3 = gl.where(om == i, row, T3)
+    return T3
+
+
+@gluon.jit
+def _coupling(diag, cpl, t_tile, S, row0, seqlen, COLUMN0: gl.constexpr,
+              COLUMNS12: gl.constexpr):
+    """The coupling blocks of T = (I + A)⁻¹ in block column 0 (T10, T20, T30: COLUMN0) and in
+    block columns 1 and 2 (T21, T32, T31: COLUMNS12), from the diagonal inverses diag (four
+    [16, 16] shared views, A's staging layout) and A's coupling blocks cpl (six views in
+    _load_blocks' order): T_ij = −T_ii Σ_m A_im T_mj, Bunch–Hopcroft order as
+    kkt_solve_kernel (first sub-diagonal, then the second and third reusing it). A block
+    column reads no other column's blocks, so kernels/gluon_kkt_roles.py runs the two sets on
+    separate warps; with both, the products are issued interleaved as they always were. Every
+    operand is loaded (shared memory) and split where it is used, not held: registers per
+    thread set the tiles in flight."""
+    zero = gl.zeros([BLOCK, BLOCK], gl.float32, MMA)
+    if COLUMN0:
+        T10 = -_mma3(_operand(diag[1], A_OP), _as_b(_mma3(_operand(cpl[0], A_OP),
+                                                    _operand(diag[0], B_OP), zero)), zero)
+        _store(t_tile, S, row0, seqlen, T10, 1, 0)
+    if COLUMNS12:
+        T21 = -_mma3(_operand(diag[2], A_OP), _as_b(_mma3(_operand(cpl[2], A_OP),
+                                                    _operand(diag[1], B_OP), zero)), zero)
+        _store(t_tile, S, row0, seqlen, T21, 2, 1)
+        T32 = -_mma3(_operand(diag[3], A_OP), _as_b(_mma3(_operand(cpl[5], A_OP),
+                                                    _operand(diag[2], B_OP), zero)), zero)
+        _store(t_tile, S, row0, seqlen, T32, 3, 2)
+    if COLUMN0:
+        T10_b = _as_b(T10)
+        P20 = _mma3(_operand(cpl[1], A_OP), _operand(diag[0], B_OP), zero)
+        P20 = _mma3(_operand(cpl[2], A_OP), T10_b, P20)
+        T20 = -_mma3(_operand(diag[2], A_OP), _as_b(P20), zero)
+        _store(t_tile, S, row0, seqlen, T20, 2, 0)
+    if COLUMNS12:
+        P31 = _mma3(_operand(cpl[4], A_OP), _operand(diag[1], B_OP), zero)
+        P31 = _mma3(_operand(cpl[5], A_OP), _as_b(T21), P31)
+        T31 = -_mma3(_operand(diag[3], A_OP), _as_b(P31), zero)
+        _store(t_tile, S, row0, seqlen, T31, 3, 1)
+    if COLUMN0:
+        P30 = _mma3(_operand(cpl[3], A_OP), _operand(diag[0], B_OP), zero)
+        P30 = _mma3(_operand(cpl[4], A_OP), T10_b, P30)
+        P30 = _mma3(_operand(cpl[5], A_OP), _as_b(T20), P30)
+        T30 = -_mma3(_operand(diag[3], A_OP), _as_b(P30), zero)
+        _store(t_tile, S, row0, seqlen, T30, 3, 0)
 
 
 @gluon.jit
@@ -225,61 +309,16 @@ def _solve_staged(l3, inv3, diag, cpl, t_tile, S, row0, seqlen):
     views of that layout (a rank-3 shared view cannot be indexed in Triton 3.6); cpl the six
     coupling ones as [16, 16] views in the order of _load_blocks. Writes T = (I + A)⁻¹ at
     t_tile (row stride S; rows from row0 past seqlen are not written)."""
-    # diagonal blocks: T3[b, j, m] = (I + L_bb)⁻¹[m, j], row m by row, each thread its own two
-    # columns j
-    ob = gl.arange(0, NB, layout=gl.SliceLayout(1, gl.SliceLayout(2, COLUMNS)))[:, None, None]
-    oj = gl.arange(0, BLOCK, layout=gl.SliceLayout(0, gl.SliceLayout(2, COLUMNS)))[None, :, None]
-    om = gl.arange(0, BLOCK, layout=gl.SliceLayout(0, gl.SliceLayout(1, COLUMNS)))[None, None, :]
-    T3 = gl.where(oj == om, 1., gl.zeros([NB, BLOCK, BLOCK], gl.float32, COLUMNS))
-    for i in gl.static_range(1, BLOCK):
-        # row i of every block, whole in each thread: [NB, 1, 16]
-        L_i = l3.slice(i, 1, dim=1).load(COLUMNS)
-        # row 0 of T3 is e₀: its term is selected, not multiplied, so every add of the sum
-        # has one product to contract into an fma and each copy of this solve (HEADS = 2
-        # has two) compiles to the same rounding (a product of L_i0 · 1 let LLVM order the
-        # first add either way: ≤ 1.9e-9 between the heads, session 11)
-        terms = gl.where(om == 0, gl.where(oj == 0, L_i, 0.), L_i * T3)
-        row = (oj == i).to(gl.float32) - gl.expand_dims(_sum(terms, axis=2), 2)
-        T3 = gl.where(om == i, row, T3)
+    # diagonal blocks: the four side by side, each thread two columns of one
+    T3 = _substitute(l3, COLUMNS)
     gl.thread_barrier()  # every row of L read before the inverses overwrite it
     # the inverses through shared memory (transposed back to [b, row, column]), where each is
     # read in the operand layouts it enters
     inv3.permute((0, 2, 1)).store(T3)
     gl.thread_barrier()
     # the diagonal blocks and the zero blocks above them go out in 16-byte rows
-    _store(t_tile, S, row0, seqlen, inv3.load(LOAD3), 0, 0)
-    zero = gl.zeros([BLOCK, BLOCK], gl.float32, gl.SliceLayout(0, LOAD3))
-    for ib in gl.static_range(NB - 1):
-        for jb in gl.static_range(ib + 1, NB):
-            _store(t_tile, S, row0, seqlen, zero, ib, jb)
-    zero = gl.zeros([BLOCK, BLOCK], gl.float32, MMA)
-
-    # coupling blocks, Bunch–Hopcroft order as kkt_solve_kernel: first sub-diagonal, then the
-    # second and third reusing it. Every operand is loaded (shared memory, or A from L1/L2)
-    # and split where it is used, not held: registers per thread set the tiles in flight
-    T10 = -_mma3(_operand(diag[1], A_OP), _as_b(_mma3(_operand(cpl[0], A_OP),
-                                                _operand(diag[0], B_OP), zero)), zero)
-    _store(t_tile, S, row0, seqlen, T10, 1, 0)
-    T21 = -_mma3(_operand(diag[2], A_OP), _as_b(_mma3(_operand(cpl[2], A_OP),
-                                                _operand(diag[1], B_OP), zero)), zero)
-    _store(t_tile, S, row0, seqlen, T21, 2, 1)
-    T32 = -_mma3(_operand(diag[3], A_OP), _as_b(_mma3(_operand(cpl[5], A_OP),
-                                                _operand(diag[2], B_OP), zero)), zero)
-    _store(t_tile, S, row0, seqlen, T32, 3, 2)
-    T10_b = _as_b(T10)
-    P20 = _mma3(_operand(cpl[1], A_OP), _operand(diag[0], B_OP), zero)
-    P20 = _mma3(_operand(cpl[2], A_OP), T10_b, P20)
-    T20 = -_mma3(_operand(diag[2], A_OP), _as_b(P20), zero)
-    _store(t_tile, S, row0, seqlen, T20, 2, 0)
-    P31 = _mma3(_operand(cpl[4], A_OP), _operand(diag[1], B_OP), zero)
-    P31 = _mma3(_operand(cpl[5], A_OP), _as_b(T21), P31)
-    T31 = -_mma3(_operand(diag[3], A_OP), _as_b(P31), zero)
-    _store(t_tile, S, row0, seqlen, T31, 3, 1)
-    P30 = _mma3(_operand(cpl[3], A_OP), _operand(diag[0], B_OP), zero)
-    P30 = _mma3(_operand(cpl[4], A_OP), T10_b, P30)
-    P30 = _mma3(_operand(cpl[5], A_OP), _as_b(T20), P30)
-    T30 = -_mma3(_operand(diag[3], A_OP), _as_b(P30), zero)
-    _store(t_tile, S, row0, seqlen, T30, 3, 0)
+    _store_diagonal(t_tile, S, row0, seqlen, inv3.load(LOAD3), 0)
+    _coupling(diag, cpl, t_tile, S, row0, seqlen, True, True)
 
 
 @gluon.jit
