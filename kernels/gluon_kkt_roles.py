@@ -10,23 +10,28 @@ parts:
 - K Kᵀ's ten 16 × 16 blocks (160 mma.sync, shared by the two heads) are independent: 3, 3, 2
   and 2 blocks a role;
 - each head's four diagonal substitutions are independent: two blocks a role (one column of
-  one block a thread, where the one-warp kernel holds two columns of each of four blocks);
+  one block a thread, where the one-warp kernel's thread holds two columns of one block);
 - the coupling blocks of T = (I + A)⁻¹ are independent **by block column**:
   T_ij = −T_ii Σ_{m=j}^{i−1} A_im T_mj reads only column j's blocks above it and the diagonal
   inverses. Column 0 (T10, T20, T30: 9 block products) is one role, columns 1 and 2 (T21, T31,
   T32: 7) another, for each head.
 
 A role's chain is then 3 K Kᵀ blocks, 2 substitutions side by side and at most 9 products,
-against 10, 2 × 4 and 2 × 16 for the one warp, and an SM holds 4 warps a program. Three
-mbarriers order the phases (keys staged; A staged; a head's diagonal inverses written), each
-completed by one arrive a role after the role's own thread barrier (the partitions' pattern
-in kernels/gluon_transposed.py).
+against 10, 2 × 4 and 2 × 16 for the one warp. Gluon asks the default partition for a multiple
+of four warps: those four stage the keys and gate rows, then hand their registers to the roles
+(8 warps a program, 4 programs an SM by registers). Four mbarriers order the phases, each used
+once: keys staged (one arrive, from the staging partition), A staged (one from each role), and
+each head's diagonal inverses written (one from each of its two roles); every arrive follows
+its partition's own thread barrier (the partitions' pattern in kernels/gluon_transposed.py).
 
 Every product is the one-warp kernel's (the same mma_v2 calls on the same operands in the same
-order, the same 3×TF32 splits, the same substitution per column), so T has its bits
-(tests/test_kkt_solve.py). Shared memory: the keys (16 KB at K = 128), both heads' A blocks
-(2 × 10 KB, not aliased into the keys: another role may still read a key row when one stages
-its block), the gate rows (1.5 KB).
+order, the same 3×TF32 splits, the same substitution per column: gluon_kkt_solve's
+``_substitute`` and ``_coupling``), so T has its bits (tests/test_kkt_solve.py). Shared
+memory: the keys (16 KB at K = 128), both heads' A blocks (2 × 10 KB, not aliased into the
+keys: another role may still read a key row when one stages its block), the gate rows (1.5 KB).
+Measured on the H200 (session 25, docs/fused_design.md): 184 µs at (8, 4096) against 194 for
+the one-warp kernel; a program's latency halved (25 → 12 µs), which is what a short sequence
+waits for (fused forward (1, 2048) 83.8 → 74.8 µs), while an SM holds half the programs.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -34,21 +39,24 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from gdn_fused.kernels.gluon_kkt_solve import (A16_OP, B16_OP, BLOCK, LOAD3, MMA, NB, ROW_SMEM,
-                                               _coupling, _coupling_slot, _gated_block, _program, _stack,
-                                               _store_diagonal, _substitute, a_staging)
+                                               _coupling, _coupling_slot, _gated_block,
+                                               _program, _stack, _store_diagonal, _substitute,
+                                               a_staging)
 from gdn_fused.kernels.pdl import gl_launch_dependents, gl_wait_for_previous_grid
 
-ROLES = gl.constexpr(4)
+NUM_ROLES = gl.constexpr(4)
 # registers: the launch's cap a thread (eight warps: 65,536 / (256 · 64) = 4 programs an SM,
 # shared memory would allow 5), and what setmaxnreg gives each role (the four one-warp roles
 # share a warpgroup, so one count for all); the staging warpgroup keeps 2 · 64 − 88 = 40.
-# ptxas (eval.ptxas): no spills at 88; 36 B at 80; 8 B at 96 and 104 (the staging warps,
-# left 32 and 24)
+# ptxas (eval.ptxas): no spills at 88 (K = 128 and 256; 4 B with A unswizzled, an A/B variant,
+# not the default); 36 B at 80; 8 B at 96 and 104 (the staging warps, left 32 and 24)
 LAUNCH_MAXNREG = 64
 ROLE_REGS = gl.constexpr(88)
 # the default partition's warps (Gluon's warp_specialize asks a multiple of four): they stage
 # the keys and gates, then wait with their registers handed to the roles
 STAGE_WARPS = 4
+# a chunk's 64 gate or β values over the staging warps' 128 threads (each value loaded and
+# stored by two of them: the same value, harmless, and cheaper than a second layout)
 ROWS4 = gl.constexpr(gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32],
                                       warps_per_cta=[STAGE_WARPS], order=[0]))
 # two diagonal blocks side by side, one column a thread with its 16 rows in registers
@@ -58,8 +66,8 @@ COLUMNS2 = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 1, 16], threads_per
 
 @gluon.constexpr_function
 def _key_rows_layout(ka):
-    """The staging warps' coalesced load of [64, ka] 16-bit keys: 16-byte vectors, consecutive lanes
-    along a row (gluon_kkt_solve._key_layouts' load, for a role's 16 rows)."""
+    """The staging warps' coalesced load of [rows, ka] 16-bit keys: 16-byte vectors, consecutive
+    lanes along a row (gluon_kkt_solve._key_layouts' load, over STAGE_WARPS warps)."""
     lanes = min(32, ka // 8)
     return gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 // lanes, lanes],
                             warps_per_cta=[STAGE_WARPS, 1], order=[1, 0])
@@ -95,14 +103,15 @@ def _stage_keys(k, G_tile, beta_tile, row0, seqlen, key_row0, k_smem, g_rows, b_
     g_rows[1].store(gl.load(G_tile + 1 + o_g * HV, mask=in_seq, other=0.))
     b_rows[0].store(gl.load(beta_tile + o_g * HV, mask=in_seq, other=0.))
     b_rows[1].store(gl.load(beta_tile + 1 + o_g * HV, mask=in_seq, other=0.))
-    # the keys in two halves of 32 rows: 16 registers a thread each, for a partition that
-    # hands most of its registers to the roles
+    # the keys in slices of 8 K rows (16 registers a thread each: 32 rows at K = 128, 16 at
+    # 256), for a partition that hands most of its registers to the roles
+    ROWS: gl.constexpr = BT * 64 // KA
     cols = gl.arange(0, KA, layout=gl.SliceLayout(0, KEYS))
-    for half in gl.static_range(2):
-        r = half * (BT // 2) + gl.arange(0, BT // 2, layout=gl.SliceLayout(1, KEYS))
+    for part in gl.static_range(BT // ROWS):
+        r = part * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, KEYS))
         keys = gl.load(k + (key_row0 + r * H)[:, None] * K + cols[None, :],
                        mask=(row0 + r < seqlen)[:, None] & (cols < K)[None, :], other=0.)
-        k_smem.slice(half * (BT // 2), BT // 2).store(keys)
+        k_smem.slice(part * ROWS, ROWS).store(keys)
     gl.thread_barrier()
     mbarrier.arrive(bars.index(0), count=1)
 
@@ -110,9 +119,9 @@ def _stage_keys(k, G_tile, beta_tile, row0, seqlen, key_row0, k_smem, g_rows, b_
 @gluon.jit
 def _role(t_tile, row0, seqlen, k_smem, a_heads, c_heads, g_rows, b_rows, bars,
           HV: gl.constexpr, SWIZZLED: gl.constexpr, ROLE: gl.constexpr):
-    """One role's part of the program (module docstring): ROLE // 2 the head whose diagonal
-    blocks 2 (ROLE % 2), +1 it inverts and whose block columns it couples (column 0, or
-    columns 1 and 2)."""
+    """One role's part of the program (module docstring): forms its K Kᵀ blocks for both
+    heads, inverts diagonal blocks 2 (ROLE % 2) and 2 (ROLE % 2) + 1 of head ROLE // 2, and
+    forms that head's coupling blocks of column 0 (ROLE % 2 = 0) or of columns 1 and 2."""
     BT: gl.constexpr = NB * BLOCK
     S: gl.constexpr = HV * BT
     h: gl.constexpr = ROLE // 2
@@ -136,8 +145,8 @@ def _role(t_tile, row0, seqlen, k_smem, a_heads, c_heads, g_rows, b_rows, bars,
     gl.thread_barrier()
     mbarrier.arrive(bars.index(1), count=1)
     mbarrier.wait(bars.index(1), 0)
-    # 3. diagonal blocks 2c, 2c + 1 of head h, one column a thread (the one-warp kernel holds
-    #    two columns of each of four blocks; the same arithmetic a column)
+    # 3. diagonal blocks 2c, 2c + 1 of head h, one column a thread (the one-warp kernel's thread
+    #    holds two columns of one block; the same arithmetic a column)
     flat: gl.constexpr = a_staging(2, SWIZZLED)
     T3 = _substitute(_stack(a_heads[h], 2 * c, 2, False), COLUMNS2)
     gl.thread_barrier()  # this role's rows of L read before its inverses overwrite them
@@ -161,7 +170,8 @@ def _role(t_tile, row0, seqlen, k_smem, a_heads, c_heads, g_rows, b_rows, bars,
 @gluon.jit
 def kkt_solve_from_k_roles_kernel(k, G, beta, Ai, cu_seqlens, chunk_indices, T, NBH,
                                   H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
-                                  KA: gl.constexpr, KEYS_SMEM: gl.constexpr, IS_VARLEN: gl.constexpr,
+                                  KA: gl.constexpr, KEYS_SMEM: gl.constexpr,
+                                  IS_VARLEN: gl.constexpr,
                                   SWIZZLED: gl.constexpr = True, PDL: gl.constexpr = False):
     """kkt_solve_from_k_gluon_kernel with HEADS = 2 and STAGED_GATES, its work spread over
     four one-warp roles (module docstring). Launched with num_warps = STAGE_WARPS (the default
@@ -193,11 +203,11 @@ def kkt_solve_from_k_roles_kernel(k, G, beta, Ai, cu_seqlens, chunk_indices, T, 
               gl.allocate_shared_memory(G.dtype.element_ty, [BT], ROW_SMEM))
     b_rows = (gl.allocate_shared_memory(beta.dtype.element_ty, [BT], ROW_SMEM),
               gl.allocate_shared_memory(beta.dtype.element_ty, [BT], ROW_SMEM))
-    # keys staged, A staged (one arrive a role each), head 0's and head 1's diagonal inverses
-    # written (one arrive from each of its two roles)
+    # keys staged (one arrive: the staging partition), A staged (one arrive a role), head 0's
+    # and head 1's diagonal inverses written (one arrive from each of its two roles)
     bars = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
     mbarrier.init(bars.index(0), count=1)
-    mbarrier.init(bars.index(1), count=ROLES)
+    mbarrier.init(bars.index(1), count=NUM_ROLES)
     mbarrier.init(bars.index(2), count=2)
     mbarrier.init(bars.index(3), count=2)
     gl.warp_specialize([

@@ -44,7 +44,9 @@ stays issue-bound on its one warp: 352 mma.sync and the substitution chain a til
 (a version with 26 KB of shared memory a tile, 8 tiles an SM, took 264.5 µs; aliasing A's
 blocks into the keys' 16 KB, 13 an SM, 247.7). Since then (docs/fused_design.md, sessions
 12–14): two value heads a program (SHARED_KEYS), their gates staged (STAGED_GATES) and A's
-blocks swizzled (SWIZZLED_A): 195 µs at (8, 4096), the same bits.
+blocks swizzled (SWIZZLED_A): 195 µs at (8, 4096), the same bits. Since session 25 (ROLES) a
+program's work is spread over four one-warp roles on Hopper (kernels/gluon_kkt_roles.py): 184
+µs there, and a program's latency halved, which is what a short sequence waits for.
 """
 import functools
 
@@ -54,6 +56,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
+from gdn_fused.kernels import chunk_index
 from gdn_fused.kernels import launch as direct
 from gdn_fused.kernels.gluon_wu import TF32_DROP, _sum
 from gdn_fused.kernels.pdl import gl_launch_dependents, gl_wait_for_previous_grid, pdl_options
@@ -567,6 +570,15 @@ def _key_layouts(K):
     return K, keys, smem
 
 
+def uses_roles(device, heads, staged_gates, roles=None):
+    """Whether kkt_solve_from_k_gluon launches the four-role kernel (kernels/gluon_kkt_roles.py):
+    two value heads a program (``heads``), their gates staged, ``roles`` (None:
+    :data:`ROLES`), and an sm_90+ GPU (its per-role register budgets are setmaxnreg, which
+    earlier GPUs lack)."""
+    return (heads == 2 and staged_gates and (ROLES if roles is None else bool(roles))
+            and chunk_index.capability(device) >= (9, 0))
+
+
 def kkt_solve_from_k_gluon(k, G, beta, num_value_heads, output_dtype=torch.float32,
                            cu_seqlens=None, chunk_indices=None, num_chunks=None, maxnreg=None,
                            shared_keys=None, staged_gates=None, swizzled=None, out=None,
@@ -582,9 +594,10 @@ def kkt_solve_from_k_gluon(k, G, beta, num_value_heads, output_dtype=torch.float
     (None: :data:`SHARED_KEYS`; the same bits either way, measured on the H200);
     staged_gates: G and β staged in shared memory once a chunk (None: :data:`STAGED_GATES`;
     the same values either way); swizzled: A's staged blocks swizzled (None:
-    :data:`SWIZZLED_A`; the same values either way); roles: where two heads share a program
-    (and the gates are staged), spread its work over four one-warp roles
-    (kernels/gluon_kkt_roles.py; None: :data:`ROLES`; the same bits); out: a contiguous [B, T, HV, 64] tensor
+    :data:`SWIZZLED_A`; the same values either way); roles: on sm_90+, where two heads share
+    a program and the gates are staged, spread its work over four one-warp roles
+    (kernels/gluon_kkt_roles.py, at its own register caps, so maxnreg does not apply; None:
+    :data:`ROLES`; the same bits, :func:`uses_roles`); out: a contiguous [B, T, HV, 64] tensor
     of ``output_dtype`` to write T into (a view of a longer sequence's T: the fused forward
     solves its two segments' chunks in two launches), or None for a new one."""
     B, T, H, K = k.shape
@@ -607,14 +620,14 @@ def kkt_solve_from_k_gluon(k, G, beta, num_value_heads, output_dtype=torch.float
         and (HV // H) % 2 == 0 else 1
     staged = STAGED_GATES if staged_gates is None else bool(staged_gates)
     swizzled = SWIZZLED_A if swizzled is None else bool(swizzled)
-    if heads == 2 and staged and (ROLES if roles is None else roles):
+    if uses_roles(k.device, heads, staged, roles):
         from gdn_fused.kernels import gluon_kkt_roles
         direct.launch(
             gluon_kkt_roles.kkt_solve_from_k_roles_kernel, (NT * B * HV // 2,),
             k, G, beta, Ai, cu_seqlens, chunk_indices, T, B * HV // 2, H=H, HV=HV, K=K, KA=KA,
             KEYS_SMEM=keys_smem, IS_VARLEN=cu_seqlens is not None, SWIZZLED=swizzled,
-            num_warps=gluon_kkt_roles.STAGE_WARPS,
-            maxnreg=maxnreg or gluon_kkt_roles.LAUNCH_MAXNREG, **pdl_options(k.device))
+            num_warps=gluon_kkt_roles.STAGE_WARPS, maxnreg=gluon_kkt_roles.LAUNCH_MAXNREG,
+            **pdl_options(k.device))
         return Ai
     direct.launch(
         kkt_solve_from_k_gluon_kernel, (NT * B * HV // heads,),

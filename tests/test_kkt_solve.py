@@ -233,18 +233,40 @@ def test_gluon_from_k_with_shared_keys_compiles():
 
 
 def test_gluon_from_k_roles_compiles():
-    """The four-role form (kernels/gluon_kkt_roles.py) compiles for sm_90a with the one-warp
-    kernel's 544 mma.sync (the same products), per-role register budgets (setmaxnreg), its
-    mbarriers, no spills at its launch cap, and under 40 KB of shared memory (the keys' 16 KB,
-    both heads' A 20 KB, the gate rows 1.5 KB, the barriers)."""
+    """The four-role form (kernels/gluon_kkt_roles.py) compiles for sm_90a, K = 128 and 256,
+    with the one-warp kernel's mma.sync count (the same products), per-role register budgets
+    (setmaxnreg), its mbarriers, no spills at its launch cap, and the keys, both heads' A
+    (20 KB) and the gate rows (1.5 KB) in shared memory."""
     from gdn_fused.eval.ptxas import _gluon_kkt_roles, compile_report
     from gdn_fused.kernels.gluon_kkt_roles import LAUNCH_MAXNREG, STAGE_WARPS
+    from gdn_fused.kernels.gluon_kkt_solve import _key_layouts
     fn, sig, consts = _gluon_kkt_roles()
-    r = compile_report(fn, sig, consts, 90, num_warps=STAGE_WARPS, maxnreg=LAUNCH_MAXNREG)
-    assert r["features"]["mma.sync"] == 2 * 192 + 10 * 2 * consts["KA"] // 16, r
-    assert r["features"]["setmaxnreg"] > 0 and r["features"]["mbarrier"] > 0, r
-    assert r["spill_stores"] == 0 and r["registers"] <= LAUNCH_MAXNREG, r
-    assert 64 * consts["KA"] * 2 + 2 * 10 * 16 * 16 * 4 + 2 * 64 * 12 <= r["shared"] <= 40_000, r
+    for K, swizzled in ((128, True), (128, False), (256, True)):
+        KA, _, keys_smem = _key_layouts(K)
+        c = dict(consts, K=K, KA=KA, KEYS_SMEM=keys_smem, SWIZZLED=swizzled)
+        r = compile_report(fn, sig, c, 90, num_warps=STAGE_WARPS, maxnreg=LAUNCH_MAXNREG)
+        assert r["features"]["mma.sync"] == 2 * 192 + 10 * 2 * KA // 16, (K, swizzled, r)
+        assert r["features"]["setmaxnreg"] > 0 and r["features"]["mbarrier"] > 0, r
+        # (A unswizzled, an A/B variant and not the default, spills 4 B at these caps)
+        assert r["spill_stores"] <= (0 if swizzled else 8), (K, swizzled, r)
+        assert r["registers"] <= LAUNCH_MAXNREG, (K, swizzled, r)
+        # the keys, both heads' A, the gate rows, and the barriers' few bytes
+        low = 64 * KA * 2 + 2 * 10 * 16 * 16 * 4 + 2 * 64 * 12
+        assert low <= r["shared"] <= low + 1024, (K, swizzled, r)
+
+
+def test_roles_only_on_hopper(monkeypatch):
+    """The four-role kernel's register budgets are setmaxnreg (sm_90+: an sm_80 compile aborts
+    in LLVM), so kkt_solve_from_k_gluon keeps the one-warp kernel on earlier GPUs."""
+    from gdn_fused.kernels import chunk_index
+    from gdn_fused.kernels.gluon_kkt_solve import uses_roles
+    device = torch.device("cuda", 0)
+    for cap, want in (((8, 0), False), ((8, 9), False), ((9, 0), True)):
+        monkeypatch.setattr(chunk_index, "capability", lambda d, cap=cap: cap)
+        assert uses_roles(device, 2, True, True) is want
+        assert uses_roles(device, 1, True, True) is False
+        assert uses_roles(device, 2, False, True) is False
+        assert uses_roles(device, 2, True, False) is False
 
 
 @pytest.mark.gpu
@@ -252,9 +274,9 @@ def test_gluon_from_k_roles_compiles():
 def test_gluon_from_k_with_shared_keys(gva):
     """kkt_solve_from_k_gluon with shared_keys (K Kᵀ formed once for two value heads), with the
     gates staged in shared memory (staged_gates), with both and A's blocks swizzled
-    (swizzled), and with those spread over four one-warp roles (roles) gives the bits of one head a program reading its gates from global memory with
-    A unswizzled, fp32 and bf16 out, for logsigmoid and zero
-    gates, dense with a partial last chunk (B = 2) and packed with an empty sequence.
+    (swizzled), and with those spread over four one-warp roles (roles) gives the bits of one
+    head a program reading its gates from global memory with A unswizzled, fp32 and bf16 out,
+    for logsigmoid and zero gates, dense with a partial last chunk (B = 2) and packed with an empty sequence.
     (Session 11, before the substitution's row-0 term became a select: the second head of
     each pair differed by ≤ 1.9e-9, an fma contraction the compiler chose differently in its
     copy of the solve; see kkt_solve_from_k_gluon_kernel.)"""
