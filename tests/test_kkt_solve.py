@@ -368,21 +368,25 @@ def test_gluon_kernel_against_fp64(gate):
 @pytest.mark.parametrize("gate", ["normal", "zero", "strong"])
 def test_gluon_from_k_against_fp64(gate):
     """The Gluon kkt_solve from k (A formed on chip from 16-bit keys) on dense input with a
-    partial last chunk and GVA 3 (bf16 K = 128, fp16 K = 64), and on packed input with an
-    empty sequence: against the fp64
-    inverse of the A that chunk_kkt forms from the same keys, and against kkt_solve of that A
-    (the same products, summed in another order). chunk_inverse takes it on this GPU."""
+    partial last chunk and GVA 3 (bf16 K = 128, fp16 K = 64) and GVA 2 (fp16 K = 64: two
+    heads a program, on Hopper the four-role kernel), and on packed input with an empty
+    sequence: against the fp64 inverse of the A that chunk_kkt forms from the same keys, and
+    against kkt_solve of that A (the same products, summed in another order). chunk_inverse
+    takes it on this GPU."""
     cases = []
-    for K, dtype in [(128, torch.bfloat16), (64, torch.float16)]:  # K = 64: zero-padded to 128
-        q, k, v, g, beta, _ = make_inputs(2, 1000, 4, 12, K, 128, gate=gate, device="cuda")
+    # K = 64: zero-padded to 128
+    for K, dtype, HV in [(128, torch.bfloat16, 12), (64, torch.float16, 12),
+                         (64, torch.float16, 8)]:
+        q, k, v, g, beta, _ = make_inputs(2, 1000, 4, HV, K, 128, gate=gate, device="cuda")
         cases.append(((k.to(dtype), chunk_cumsum(g, 64), beta), {}, None))
     packed = _packed_with_empty_sequence(gate, "cuda")
     cases.append(((packed[3][0].bfloat16(), *packed[3][1:]), packed[1], packed[2]))
     for (kb, Gc, bc), idx, lens in cases:
-        Af = kkt_solve_from_k(kb, Gc, bc, 12, 64, kernel="gluon", **idx)
-        assert torch.equal(Af, kkt_solve_from_k(kb, Gc, bc, 12, 64, **idx))  # auto
-        assert torch.equal(Af, chunk_inverse(kb, Gc, bc, 12, 64, **idx))
-        A = chunk_kkt(kb, Gc, bc, 12, 64, **idx)
+        HV = bc.shape[-1]
+        Af = kkt_solve_from_k(kb, Gc, bc, HV, 64, kernel="gluon", **idx)
+        assert torch.equal(Af, kkt_solve_from_k(kb, Gc, bc, HV, 64, **idx))  # auto
+        assert torch.equal(Af, chunk_inverse(kb, Gc, bc, HV, 64, **idx))
+        A = chunk_kkt(kb, Gc, bc, HV, 64, **idx)
         diff = (Af - kkt_solve(A, **idx)).abs().max().item()
         starts = [0] if lens is None else [0, 700, 700]
         worst = 0.
