@@ -237,3 +237,17 @@ def test_the_check_poisons_the_intermediates(stand_ins):
     mid, = r((x, y), poison=True)
     assert torch.equal(mid[:128], x[:128] * 2) and mid[128:].isnan().all()
     assert replay._record(half_launcher, (x, y), ())[1] is None
+
+
+def test_the_check_compares_bits():
+    """The recording's check compares outputs bit for bit: −0.0 is not 0.0 (torch.equal takes
+    them for equal, so a replay giving one for the other would pass it) and a NaN output equals
+    the same NaN (torch.equal says never, which would refuse every recording of a call whose
+    input holds a NaN)."""
+    nan = torch.tensor([float("nan"), 1.0])
+    zero, minus_zero = torch.tensor([0.0, 1.0]), torch.tensor([-0.0, 1.0])
+    for dtype in (torch.float32, torch.bfloat16):
+        assert replay._same_bits(nan.to(dtype), nan.to(dtype))
+        assert not torch.equal(nan.to(dtype), nan.to(dtype))
+        assert not replay._same_bits(zero.to(dtype), minus_zero.to(dtype))
+        assert torch.equal(zero.to(dtype), minus_zero.to(dtype))
