@@ -60,13 +60,19 @@ def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
-@functools.lru_cache(maxsize=None)
 def sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of ``device``; the H200's 132 where there is no GPU (the
-    interpreter), so plans made on CPU match the target card."""
+    """Streaming multiprocessors of ``device`` (a CUDA device without an index: the current
+    one), cached per device index; the H200's 132 where there is no GPU (the interpreter), so
+    plans made on CPU match the target card."""
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
+        return _sm_count(device.index if device.index is not None
+                         else torch.cuda.current_device())
     return 132
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 @triton.jit
