@@ -267,8 +267,9 @@ def launch_breakdown(B, T):
         _launch_pieces("forward_t", gluon_transposed, "chunk_state_output_t_kernel",
                        lambda: gluon_transposed.forward_t(q, k, v, G, beta, Ai, DIM ** -0.5, h0,
                                                           True, gate_rows=rows))
-        heads = 2 if gluon_kkt_solve.SHARED_KEYS and (HV // k.shape[2]) % 2 == 0 else 1
-        roles = gluon_kkt_solve.uses_roles(k.device, heads, gluon_kkt_solve.STAGED_GATES)
+        roles = gluon_kkt_solve.uses_roles(k.device,
+                                           gluon_kkt_solve.heads_a_program(k.shape[2], HV),
+                                           gluon_kkt_solve.STAGED_GATES)
         from gdn_fused.kernels import gluon_kkt_roles
         module, name = ((gluon_kkt_roles, "kkt_solve_from_k_roles_kernel") if roles
                         else (gluon_kkt_solve, "kkt_solve_from_k_gluon_kernel"))

@@ -51,8 +51,12 @@ def capability(device) -> tuple[int, int]:
     index, the current device), cached per device index: the launchers ask on every call, and
     torch's own query cost ~2.3 µs of host time each (five a fused forward; H200 host,
     session 12's breakdown)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return _capability(index)
+    return _capability(_index(device))
+
+
+def _index(device) -> int:
+    """A CUDA torch.device's index (without one, the current device's)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 @functools.lru_cache(maxsize=None)
@@ -65,8 +69,7 @@ def sm_count(device: torch.device) -> int:
     one), cached per device index; the H200's 132 where there is no GPU (the interpreter), so
     plans made on CPU match the target card."""
     if device.type == "cuda":
-        return _sm_count(device.index if device.index is not None
-                         else torch.cuda.current_device())
+        return _sm_count(_index(device))
     return 132
 
 

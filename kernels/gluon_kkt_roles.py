@@ -40,8 +40,8 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from gdn_fused.kernels.gluon_kkt_solve import (A16_OP, B16_OP, BLOCK, LOAD3, MMA, NB, ROW_SMEM,
                                                _coupling, _coupling_slot, _gated_block,
-                                               _program, _stack, _store_diagonal, _substitute,
-                                               a_staging)
+                                               _program, _stack, _staged_views, _store_diagonal,
+                                               _substitute, a_staging)
 from gdn_fused.kernels.pdl import gl_launch_dependents, gl_wait_for_previous_grid
 
 NUM_ROLES = gl.constexpr(4)
@@ -147,10 +147,9 @@ def _role(t_tile, row0, seqlen, k_smem, a_heads, c_heads, g_rows, b_rows, bars,
     mbarrier.wait(bars.index(1), 0)
     # 3. diagonal blocks 2c, 2c + 1 of head h, one column a thread (the one-warp kernel's thread
     #    holds two columns of one block; the same arithmetic a column)
-    flat: gl.constexpr = a_staging(2, SWIZZLED)
+    inv, diag, cpl = _staged_views(a_heads[h], c_heads[h], SWIZZLED)
     T3 = _substitute(_stack(a_heads[h], 2 * c, 2, False), COLUMNS2)
     gl.thread_barrier()  # this role's rows of L read before its inverses overwrite them
-    inv = a_heads[h]._reinterpret(gl.float32, [NB * BLOCK, BLOCK], flat)
     inv3 = _stack(inv, 2 * c, 2, SWIZZLED)
     inv3.permute((0, 2, 1)).store(T3)
     gl.thread_barrier()
@@ -159,11 +158,6 @@ def _role(t_tile, row0, seqlen, k_smem, a_heads, c_heads, g_rows, b_rows, bars,
     _store_diagonal(t_head, S, row0, seqlen, inv3.load(LOAD3), 2 * c)
     mbarrier.wait(bars.index(2 + h), 0)
     # 4. the coupling blocks of column 0, or of columns 1 and 2 (the one-warp kernel's products)
-    diag = (inv.slice(0, BLOCK), inv.slice(BLOCK, BLOCK), inv.slice(2 * BLOCK, BLOCK),
-            inv.slice(3 * BLOCK, BLOCK))
-    cpl = (_coupling_slot(c_heads[h], 1, 0), _coupling_slot(c_heads[h], 2, 0),
-           _coupling_slot(c_heads[h], 2, 1), _coupling_slot(c_heads[h], 3, 0),
-           _coupling_slot(c_heads[h], 3, 1), _coupling_slot(c_heads[h], 3, 2))
     _coupling(diag, cpl, t_head, S, row0, seqlen, c == 0, c == 1)
 
 

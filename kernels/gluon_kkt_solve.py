@@ -325,6 +325,23 @@ def _solve_staged(l3, inv3, diag, cpl, t_tile, S, row0, seqlen):
 
 
 @gluon.jit
+def _staged_views(l_smem, c_smem, SWIZZLED: gl.constexpr):
+    """(inv, diag, cpl) of a head's A staged as kkt_solve_gluon_kernel stages it: l_smem the
+    four diagonal blocks stacked (unswizzled, [64, 16]), c_smem the six coupling blocks as
+    4 + 2 ([64, 16], [32, 16], a_staging(2, SWIZZLED)). inv: l_smem's bytes in A's staging
+    layout, which the diagonal inverses overwrite; diag: its four [16, 16] blocks; cpl: the
+    coupling blocks in _load_blocks' order."""
+    flat: gl.constexpr = a_staging(2, SWIZZLED)
+    inv = l_smem._reinterpret(gl.float32, [NB * BLOCK, BLOCK], flat)
+    diag = (inv.slice(0, BLOCK), inv.slice(BLOCK, BLOCK), inv.slice(2 * BLOCK, BLOCK),
+            inv.slice(3 * BLOCK, BLOCK))
+    cpl = (c_smem[0].slice(0, BLOCK), c_smem[0].slice(BLOCK, BLOCK),
+           c_smem[0].slice(2 * BLOCK, BLOCK), c_smem[0].slice(3 * BLOCK, BLOCK),
+           c_smem[1].slice(0, BLOCK), c_smem[1].slice(BLOCK, BLOCK))
+    return inv, diag, cpl
+
+
+@gluon.jit
 def kkt_solve_gluon_kernel(A, Ai, cu_seqlens, chunk_indices, T, NBH, HV: gl.constexpr,
                            IS_VARLEN: gl.constexpr, SWIZZLED: gl.constexpr = SWIZZLED_A):
     BT: gl.constexpr = NB * BLOCK
@@ -350,12 +367,7 @@ def kkt_solve_gluon_kernel(A, Ai, cu_seqlens, chunk_indices, T, NBH, HV: gl.cons
     _stack(c_smem[0], 0, 4, SWIZZLED).store(first)
     _stack(c_smem[1], 0, 2, SWIZZLED).store(rest)
     gl.thread_barrier()
-    cpl = (c_smem[0].slice(0, BLOCK), c_smem[0].slice(BLOCK, BLOCK),
-           c_smem[0].slice(2 * BLOCK, BLOCK), c_smem[0].slice(3 * BLOCK, BLOCK),
-           c_smem[1].slice(0, BLOCK), c_smem[1].slice(BLOCK, BLOCK))
-    inv = l_smem._reinterpret(gl.float32, [NB * BLOCK, BLOCK], flat)
-    diag = (inv.slice(0, BLOCK), inv.slice(BLOCK, BLOCK), inv.slice(2 * BLOCK, BLOCK),
-            inv.slice(3 * BLOCK, BLOCK))
+    inv, diag, cpl = _staged_views(l_smem, c_smem, SWIZZLED)
     _solve_staged(_stack(l_smem, 0, NB, False), _stack(inv, 0, NB, SWIZZLED), diag, cpl, t_tile,
                   S, row0, seqlen)
 
@@ -523,12 +535,7 @@ def kkt_solve_from_k_gluon_kernel(k, G, beta, Ai, cu_seqlens, chunk_indices, T, 
     _solve_staged(l3.slice(0, BLOCK, dim=1), inv3.slice(0, BLOCK, dim=1), diag, cpl, t_tile, S,
                   row0, seqlen)
     if HEADS == 2:
-        cpl = (c1_smem[0].slice(0, BLOCK), c1_smem[0].slice(BLOCK, BLOCK),
-               c1_smem[0].slice(2 * BLOCK, BLOCK), c1_smem[0].slice(3 * BLOCK, BLOCK),
-               c1_smem[1].slice(0, BLOCK), c1_smem[1].slice(BLOCK, BLOCK))
-        inv1 = l1_smem._reinterpret(gl.float32, [NB * BLOCK, BLOCK], flat)
-        diag = (inv1.slice(0, BLOCK), inv1.slice(BLOCK, BLOCK), inv1.slice(2 * BLOCK, BLOCK),
-                inv1.slice(3 * BLOCK, BLOCK))
+        inv1, diag, cpl = _staged_views(l1_smem, c1_smem, SWIZZLED)
         _solve_staged(_stack(l1_smem, 0, NB, False), _stack(inv1, 0, NB, SWIZZLED), diag, cpl,
                       t_tile + BT, S, row0, seqlen)
 
@@ -568,6 +575,13 @@ def _key_layouts(K):
     # rows of at least 256 bytes: one row a 128-byte phase, eight phases
     smem = gl.SwizzledSharedLayout(vec, 1, 8, order=[1, 0])
     return K, keys, smem
+
+
+def heads_a_program(H, HV, shared_keys=None):
+    """Value heads a program of kkt_solve_from_k_gluon solves: 2 where ``shared_keys`` (None:
+    :data:`SHARED_KEYS`) and HV / H is even (two value heads of one key head), else 1."""
+    shared = SHARED_KEYS if shared_keys is None else shared_keys
+    return 2 if shared and (HV // H) % 2 == 0 else 1
 
 
 def uses_roles(device, heads, staged_gates, roles=None):
@@ -616,8 +630,7 @@ def kkt_solve_from_k_gluon(k, G, beta, num_value_heads, output_dtype=torch.float
                                                  device=k.device)
     NT = num_chunks if cu_seqlens is not None else triton.cdiv(T, CHUNK)
     KA, keys, keys_smem = _key_layouts(K)
-    heads = 2 if (shared_keys if shared_keys is not None else SHARED_KEYS) \
-        and (HV // H) % 2 == 0 else 1
+    heads = heads_a_program(H, HV, shared_keys)
     staged = STAGED_GATES if staged_gates is None else bool(staged_gates)
     swizzled = SWIZZLED_A if swizzled is None else bool(swizzled)
     if uses_roles(k.device, heads, staged, roles):

@@ -6,6 +6,7 @@ outputs are the same bits under every value (a flag that changes bits is not an 
     PYTHONPATH=$PWD python3 scripts/ab_flag.py gdn_fused.kernels.gluon_kkt_solve.ROLES False True
 """
 import argparse
+import ast
 import importlib
 import statistics
 
@@ -22,7 +23,7 @@ p.add_argument("--rounds", type=int, default=3)
 args = p.parse_args()
 module_name, name = args.flag.rsplit(".", 1)
 module = importlib.import_module(module_name)
-values = [eval(v) for v in args.values]  # literals given on the command line
+values = [ast.literal_eval(v) for v in args.values]
 fla_chunk, _ = load_fla()
 
 for B, T in ANCHOR_SHAPES:
