@@ -356,6 +356,14 @@ def _gluon_transposed_chain_t_update(lo: bool, lo_above: float = -1.0):
     return fn, sig, {**consts, "UPDATE_LO": lo, "LO_ABOVE": lo_above}
 
 
+def _gluon_transposed_two_chains(checkpoints: bool = False):
+    """forward_t's main launch with both value blocks of a head in one program (two chain
+    warpgroups, gluon_transposed.TWO_CHAINS), as a launch at B·HV of 132+ takes it."""
+    fn, sig, consts = (_gluon_transposed_chain_t_checkpoints() if checkpoints else
+                       _gluon_transposed_chain_t())
+    return fn, sig, {**consts, "CHAINS": 2}
+
+
 def _gluon_transposed_seg0_end():
     """The first launch of a two-segment split (V' on the chain): the state pass alone over
     segment 0 from h0, its end state stored for segment 1 (SEG0_END)."""
@@ -452,6 +460,7 @@ def _kernels() -> dict:
     from gdn_fused.kernels.gluon_transposed import MAXNREG as T_MAXNREG
     from gdn_fused.kernels.gluon_transposed import MAXNREG_WU as T_MAXNREG_WU
     from gdn_fused.kernels.gluon_transposed import MAXNREG_TWO_OUTPUTS as T_MAXNREG_2
+    from gdn_fused.kernels.gluon_transposed import MAXNREG_TWO_CHAINS as T_MAXNREG_CHAINS
     from gdn_fused.kernels.gluon_wu import NUM_WARPS as WU_WARPS
     from gdn_fused.kernels.kkt_solve import MAXNREG_FROM_A, NUM_WARPS
     from gdn_fused.kernels.gluon_kkt_roles import LAUNCH_MAXNREG as ROLES_MAXNREG
@@ -494,6 +503,11 @@ def _kernels() -> dict:
         "forward transposed gluon, V' on the chain, checkpoints": (
             _gluon_transposed_chain_t_checkpoints, dict(num_warps=4,
                                                         maxnreg=_chain_t_maxnreg())),
+        "forward transposed gluon, V' on the chain, two chains": (
+            _gluon_transposed_two_chains, dict(num_warps=4, maxnreg=T_MAXNREG_CHAINS)),
+        "forward transposed gluon, V' on the chain, two chains, checkpoints": (
+            lambda: _gluon_transposed_two_chains(True), dict(num_warps=4,
+                                                             maxnreg=T_MAXNREG_CHAINS)),
         "segment 0's end state transposed gluon, V' on the chain": (
             lambda: _gluon_transposed_seg0_end(), dict(num_warps=4, maxnreg=T_MAXNREG)),
         "segment maps transposed gluon, V' on the chain": (

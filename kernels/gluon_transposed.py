@@ -183,7 +183,28 @@ CHAIN_OUTPUT_GROUPS = 1
 # forward_t's V' formed by the chain from T and v (CHAIN_T), no W/U warpgroup (session 18;
 # the W/U form is t_on_chain=False)
 T_ON_CHAIN = True
+# forward_t's main launch with both value blocks of a head in one program (CHAINS = 2: two
+# chain warpgroups, one output warpgroup, q, k, T and the gate rows loaded once for both)
+# where the two-chain grid (B·HV · segments programs) still fills every SM. Why: a chain's step
+# is latency-bound (session 22's ncu: its warps issue 27–31 % of the time, waiting on their
+# own products and conversions), and one program an SM fits (168 registers × 384 threads); a
+# second chain in the same program fills the gaps. Where the two-chain grid would leave SMs
+# idle ((1, 2048), the split (1, 32768): 64 programs) one chain stays; between one and two
+# waves of one-chain programs (66 ≤ B·HV < 132 on the H200) unmeasured, so one chain.
+TWO_CHAINS = True
+# the two-chain grid's programs needed for it (None: the device's SM count; tests set 1)
+TWO_CHAINS_MIN_PROGRAMS = None
 MAXNREG_TWO_OUTPUTS = 128
+# forward_t with two chains a program (TWO_CHAINS): 4 + 4 + 4 + 1 warps, padded to 16, take 128
+# registers a thread at launch; setmaxnreg gives the output warpgroup CHAINS_OUT_REGS, the
+# producer LOAD_REGS, chain 1 CHAIN_REGS and chain 0 (the default partition) the rest, 184
+# too. eval.ptxas (sm_90a): a chain at 176 spills in its loop (13 loads, 4 stores a step), at
+# 184 not; the output at 120 spills 2 and 2 (none at 128), the cheaper of the two; 226 KB of
+# shared memory with one O staging tile (two would be 234 KB, over the 227 KB an SM gives)
+MAXNREG_TWO_CHAINS = 128
+CHAIN_WARPS = gl.constexpr(4)
+CHAIN_REGS = gl.constexpr(184)
+CHAINS_OUT_REGS = gl.constexpr(120)
 # the main launch's constexprs chunk_state_output_t's and forward_t's ``variant`` may set
 # (launch variants for eval.bench, each measured, docs/speed_log.md): Q in registers with the
 # early stage release, the two output groups' registers, O's staging tiles; with W/U on chip,
@@ -395,7 +416,7 @@ def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv
                       HV: gl.constexpr, V: gl.constexpr, STORE_H: gl.constexpr, h,
                       group: gl.constexpr = 0, GROUPS: gl.constexpr = 1,
                       Q_REGS: gl.constexpr = True, p_bufs=None, p_ready=None,
-                      P_ON_WU: gl.constexpr = False):
+                      P_ON_WU: gl.constexpr = False, CHAINS: gl.constexpr = 1):
     """Per chunk: P = (Q Kᵀ) ⊙ M and, once the chain has put h_c and V' in shared memory,
     O = scale (D_{e^G} Q h_c + P V') into o; with STORE_H, h_c and V' into h and o instead.
 
@@ -410,7 +431,10 @@ def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv
     n a group, taken in turn, so that a chunk's O waits only for the TMA store n chunks
     back). P_ON_WU (with Q_REGS): P
     comes from the W/U warpgroup through p_bufs (ready on p_ready) instead of this one's Q Kᵀ;
-    the stage is released once Q and the gates are in registers."""
+    the stage is released once Q and the gates are in registers. CHAINS = 2: the program's
+    two chains (value blocks i_v = 0, 1) hand over h_c and V' through stages c·STAGES + s of
+    st_bufs, vn_bufs, sv_ready and sv_empty; P is formed once and O stored a value block at a
+    time."""
     if STORE_H:
         _store_h(st_bufs, vn_bufs, sv_ready, sv_empty, h, o, T, c0, n, i_n, i_hv, i_v, HV, V,
                  group, GROUPS)
@@ -475,32 +499,36 @@ def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv
                 p = _masked_scores(qk, (b_G[:, None] - b_Gj[None, :]).to(gl.float32), valid,
                                    o_t, o_j)
             p = gl.convert_layout(p, a_op)
-        mbarrier.wait(sv_ready.index(s), phase)
-        b_o = warpgroup_mma(q_op, st_bufs.index(s).permute((1, 0)),
-                            gl.zeros([BT, BVr], gl.float32, acc), use_acc=False)
-        b_o = warpgroup_mma(p, vn_bufs.index(s), b_o * e_G[:, None])
-        # (synchronous products: retired here) every warp past them before the one arrive
-        gl.thread_barrier()
-        mbarrier.arrive(sv_empty.index(s), count=1)
-        if not Q_REGS:
-            mbarrier.arrive(empty.index(s), count=1)
-        out = (b_o * o_scale).to(o_desc.dtype)
-        row = bos + i_t * BT
-        if (i_t + 1) * BT <= T:
-            # the TMA store that last read this staging tile (O_BUFS of this group's chunks
-            # back) must be done before it is rewritten; the newer ones may still run
-            tile = o_smem.index(group * O_BUFS + (j // GROUPS) % O_BUFS)
-            tma.store_wait(O_BUFS - 1)
-            tile.store(out)
-            fence_async_shared()
+        for c in gl.static_range(CHAINS):
+            hs = c * STAGES + s  # the hand-off stage of chain c
+            mbarrier.wait(sv_ready.index(hs), phase)
+            b_o = warpgroup_mma(q_op, st_bufs.index(hs).permute((1, 0)),
+                                gl.zeros([BT, BVr], gl.float32, acc), use_acc=False)
+            b_o = warpgroup_mma(p, vn_bufs.index(hs), b_o * e_G[:, None])
+            # (synchronous products: retired here) every warp past them before the one arrive
             gl.thread_barrier()
-            tma.async_copy_shared_to_global(o_desc, [row, col], tile)
-        else:
-            # a partial chunk (a TMA box would write into the next sequence's rows): stored
-            # from registers
-            o_v = gl.arange(0, BVr, layout=gl.SliceLayout(0, acc))
-            gl.store(o + (row + o_t).to(gl.int64)[:, None] * (HV * V) + col + o_v[None, :],
-                     out, mask=valid[:, None])
+            mbarrier.arrive(sv_empty.index(hs), count=1)
+            if not Q_REGS:
+                if c == CHAINS - 1:
+                    mbarrier.arrive(empty.index(s), count=1)
+            out = (b_o * o_scale).to(o_desc.dtype)
+            row = bos + i_t * BT
+            if (i_t + 1) * BT <= T:
+                # the TMA store that last read this staging tile (O_BUFS of this group's
+                # stores back) must be done before it is rewritten; the newer ones may still
+                # run
+                tile = o_smem.index(group * O_BUFS + ((j // GROUPS) * CHAINS + c) % O_BUFS)
+                tma.store_wait(O_BUFS - 1)
+                tile.store(out)
+                fence_async_shared()
+                gl.thread_barrier()
+                tma.async_copy_shared_to_global(o_desc, [row, col + c * BVr], tile)
+            else:
+                # a partial chunk (a TMA box would write into the next sequence's rows):
+                # stored from registers
+                o_v = gl.arange(0, BVr, layout=gl.SliceLayout(0, acc))
+                gl.store(o + (row + o_t).to(gl.int64)[:, None] * (HV * V) + col + c * BVr +
+                         o_v[None, :], out, mask=valid[:, None])
     tma.store_wait(0)
 
 
@@ -540,11 +568,12 @@ def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_b
                      HANDOFF: gl.constexpr, MAP: gl.constexpr, NS: gl.constexpr,
                      WU: gl.constexpr, checkpoints, CKPT_EVERY: gl.constexpr,
                      CHAIN_T: gl.constexpr = False, SEG0_END: gl.constexpr = False,
-                     UPDATE_LO: gl.constexpr = False, LO_ABOVE: gl.constexpr = 0.5):
+                     UPDATE_LO: gl.constexpr = False, LO_ABOVE: gl.constexpr = 0.5,
+                     HS0: gl.constexpr = 0):
     """The state recurrence (w_bufs / u_bufs: the ring's W and U tiles, or with WU the W/U
     warpgroup's, ready on wu_ready; with CHAIN_T the ring's T and v tiles, from which the
     chain forms V'ᵀ = (Vᵀ − Sᵀ Kᵀ D_{e^G}) D_β Tᵀ itself); HANDOFF: hand h_c and V' to the
-    second warpgroup;
+    second warpgroup, through hand-off stages HS0 + s (HS0 = c·STAGES for chain c of two);
     CKPT_EVERY > 0: store the fp32 state entering chunks CKPT_EVERY, 2·CKPT_EVERY, … to
     checkpoints ([cdiv(NT, CKPT_EVERY) − 1, B, HV, K, V]) for the backward's recompute."""
     BT: gl.constexpr = k_bufs.type.shape[1]
@@ -588,8 +617,8 @@ def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_b
         if HANDOFF:
             # chunk j − STAGES's h_c and V' read by the second warpgroup (passes at once the
             # first STAGES times, as the ring's empty barriers)
-            mbarrier.wait(sv_empty.index(s), phase ^ 1)
-            st_bufs.index(s).store(s16)  # h_c for the output warpgroup, while W S runs
+            mbarrier.wait(sv_empty.index(HS0 + s), phase ^ 1)
+            st_bufs.index(HS0 + s).store(s16)  # h_c for the output warpgroup, while W S runs
         # the chunk's gates from the ring (no global load: the step's proxy fence would wait
         # for it)
         if CHAIN_T:
@@ -623,7 +652,7 @@ def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_b
         d_op = gl.convert_layout(d16, a_k)
         S = warpgroup_mma(d_op, k_bufs.index(s), S * gam, is_async=True)
         if HANDOFF:
-            vn_bufs.index(s).permute((1, 0)).store(vn.to(gl.bfloat16))  # V', while it runs
+            vn_bufs.index(HS0 + s).permute((1, 0)).store(vn.to(gl.bfloat16))  # V', while it runs
         # the low half of D V' too where the chunk keeps more than LO_ABOVE of the state
         # (STATE_UPDATE_LO); each branch waits for its products, so no accumulator in flight
         # leaves one (S_c: the state after the wait). The first product is issued before the
@@ -647,7 +676,7 @@ def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_b
         fence_async_shared()
         gl.thread_barrier()
         if HANDOFF:
-            mbarrier.arrive(sv_ready.index(s), count=1)
+            mbarrier.arrive(sv_ready.index(HS0 + s), count=1)
         mbarrier.arrive(empty.index(s), count=1)
         if CKPT_EVERY > 0:
             # after the stage's release, so the ring refills while the stores drain; once
@@ -683,7 +712,8 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
                                 CHAIN_T: gl.constexpr = False,
                                 SEG0_END: gl.constexpr = False,
                                 UPDATE_LO: gl.constexpr = False,
-                                LO_ABOVE: gl.constexpr = 0.5, PDL: gl.constexpr = False):
+                                LO_ABOVE: gl.constexpr = 0.5, PDL: gl.constexpr = False,
+                                CHAINS: gl.constexpr = 1):
     """Grid (SW / BV, B·HV, segments). MAP: the state pass alone over the K + V columns of
     [M | b] from [I | 0] (SW = K + V) for segments 0 … NS − 2, each stored to ht's segment
     slab; else the pass with the output over segment i_seg (SW = V), starting from h0's
@@ -704,7 +734,11 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
     segment 1, as the unsplit pass carries it). UPDATE_LO: the state update takes D V' as
     its bf16 high and low halves (STATE_UPDATE_LO) in the chunks that keep more than
     LO_ABOVE of the state (γ = e^{G_C} > LO_ABOVE; every chunk where LO_ABOVE < 0). PDL
-    (kernels/pdl.py): wait for the previous grid (the inverse) before anything else."""
+    (kernels/pdl.py): wait for the previous grid (the inverse) before anything else. CHAINS =
+    2 (CHAIN_T with the output, one output group, no split pass; grid axis 0 of size
+    V / (2·BV)): both value blocks of a head in one program, two chain warpgroups sharing the
+    ring's q, k, T and gate tiles (v's two blocks loaded apart) and one output warpgroup
+    forming P once for both (``TWO_CHAINS``)."""
     if PDL:
         gl_wait_for_previous_grid()
     gl.static_assert(not (CHAIN_T and WU), "CHAIN_T replaces the W/U warpgroup")
@@ -714,6 +748,8 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
     gl.static_assert(OUT_GROUPS == 1 or ((OUTPUT or STORE_H) and not WU),
                      "two output groups need the output or STORE_H")
     gl.static_assert(not (STORE_H and (OUTPUT or MAP)), "STORE_H replaces the output")
+    gl.static_assert(CHAINS == 1 or (CHAIN_T and OUTPUT and OUT_GROUPS == 1 and not MAP),
+                     "two chains a program: V' on the chain, with the output, one group")
     BT: gl.constexpr = k_desc.block_type.shape[0]
     BVr: gl.constexpr = u_desc.block_type.shape[1]
     if MAP:
@@ -743,13 +779,14 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
     w_bufs = ring_buffers(w_desc, STAGES)
     u_bufs = ring_buffers(u_desc, STAGES)
     g_bufs = ring_buffers(g_desc, STAGES)
-    # per stage: h_c as Sᵀ [BV, K] and V' [C, BV] (bf16) from the chain for the output
+    # per stage (and chain): h_c as Sᵀ [BV, K] and V' [C, BV] (bf16) from the chain for the
+    # output
     st_bufs = gl.allocate_shared_memory(
-        gl.bfloat16, [STAGES, BVr, K], gl.NVMMASharedLayout.get_default_for([BVr, K],
-                                                                           gl.bfloat16))
+        gl.bfloat16, [CHAINS * STAGES, BVr, K],
+        gl.NVMMASharedLayout.get_default_for([BVr, K], gl.bfloat16))
     vn_bufs = gl.allocate_shared_memory(
-        gl.bfloat16, [STAGES, BT, BVr], gl.NVMMASharedLayout.get_default_for([BT, BVr],
-                                                                            gl.bfloat16))
+        gl.bfloat16, [CHAINS * STAGES, BT, BVr],
+        gl.NVMMASharedLayout.get_default_for([BT, BVr], gl.bfloat16))
     # O's TMA staging tiles: O_BUFFERS an output warpgroup
     o_smem = gl.allocate_shared_memory(o_desc.dtype,
                                        [OUT_GROUPS * O_BUFFERS] + o_desc.block_type.shape,
@@ -758,11 +795,14 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
     # stores of STORE_H read no stage)
     # the chain hands h_c and V' over for the output, or (STORE_H) for their stores
     HANDOFF: gl.constexpr = OUTPUT or STORE_H
-    ready, empty = ring_barriers(STAGES, consumers=(2 if OUTPUT else 1) + (1 if WU else 0))
+    ready, empty = ring_barriers(STAGES, consumers=(2 if OUTPUT else 1) + (1 if WU else 0) +
+                                 CHAINS - 1)
     # h_c and V' of a stage: written (sv_ready) by the chain, read (sv_empty) by the other
-    sv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    sv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
+    sv_ready = gl.allocate_shared_memory(gl.int64, [CHAINS * STAGES, 1],
+                                         mbarrier.MBarrierLayout())
+    sv_empty = gl.allocate_shared_memory(gl.int64, [CHAINS * STAGES, 1],
+                                         mbarrier.MBarrierLayout())
+    for i in gl.static_range(CHAINS * STAGES):
         mbarrier.init(sv_ready.index(i), count=1)
         mbarrier.init(sv_empty.index(i), count=1)
     # q only for the output (the state pass alone, and the maps, read k, w, u and the gates)
@@ -816,6 +856,33 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
         ], [OUT_WARPS, LOAD_WARPS, WU_WARPS],
             [OUT_REGS_P if P_WU else OUT_REGS, LOAD_REGS,
              WU_REGS_P if P_WU else WU_REGS])
+    elif CHAINS == 2:
+        # chain 1 (value block 1) a worker warpgroup beside chain 0 (the default partition):
+        # the two chains' dependent products interleave on the SM's tensor cores, where one
+        # chain leaves them idle most of its step; its v tiles and hand-off stages its own
+        u1_bufs = ring_buffers(u_desc, STAGES)
+        gl.warp_specialize([
+            (_chain_partition, (k_bufs, w_bufs, u_bufs, g_bufs, ready, empty,
+                                st_bufs, vn_bufs, sv_ready, sv_empty, sv_ready,
+                                h0, ht, T, c0, n, i_n, i_hv, 0, i_seg, HV, K, SW,
+                                USE_INITIAL_STATE, STORE_FINAL_STATE, HANDOFF, MAP, NS, WU,
+                                checkpoints, CKPT_EVERY, CHAIN_T, SEG0_END, UPDATE_LO,
+                                LO_ABOVE, 0)),
+            (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
+                                 sv_ready, sv_empty, o_smem, o_desc, o, scale, T, c0,
+                                 n, i_n, i_hv, 0, HV, V, STORE_H, h, 0, 1, Q_REGS, None,
+                                 None, False, CHAINS)),
+            (load_ring, ((q_desc, k_desc, w_desc, u_desc, u_desc),
+                         (q_bufs, k_bufs, w_bufs, u_bufs, u1_bufs),
+                         (i_h * K, i_h * K, w_col, u_col, u_col + BVr), (ready, empty),
+                         i_n * T + c0 * BT, n, g_desc, g_bufs, g_row, c0 * BT)),
+            (_chain_partition, (k_bufs, w_bufs, u1_bufs, g_bufs, ready, empty,
+                                st_bufs, vn_bufs, sv_ready, sv_empty,
+                                sv_ready, h0, ht, T, c0, n, i_n, i_hv, 1, i_seg, HV, K, SW,
+                                USE_INITIAL_STATE, STORE_FINAL_STATE, HANDOFF, MAP, NS, WU,
+                                checkpoints, CKPT_EVERY, CHAIN_T, SEG0_END, UPDATE_LO,
+                                LO_ABOVE, STAGES)),
+        ], [OUT_WARPS, LOAD_WARPS, CHAIN_WARPS], [CHAINS_OUT_REGS, LOAD_REGS, CHAIN_REGS])
     elif OUT_GROUPS == 2:
         # the output's chunk latency (three dependent products, the mask, the store) is longer
         # than the chain's step: two output warpgroups take alternate chunks
@@ -1126,13 +1193,18 @@ def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_fina
                       *descs, o, None, maps, float(scale), T, USE_INITIAL_STATE=False,
                       STORE_FINAL_STATE=True, OUTPUT=False, MAP=True, maxnreg=cap, **consts)
         h0 = compose_segment_states(maps, h0, B, HV)
-    direct.launch(chunk_state_output_t_kernel, (V // BV, B * HV, NS),
+    chains = 2 if (TWO_CHAINS and chain_t and output and output_groups == 1 and h is None
+                   and V // BV == 2 and B * HV * NS >= (TWO_CHAINS_MIN_PROGRAMS or
+                                                        sm_count(q.device))) else 1
+    maxnreg = (MAXNREG_TWO_CHAINS if chains == 2 else
+               launch_maxnreg(wu and not chain_t, output_groups))
+    direct.launch(chunk_state_output_t_kernel, (V // (BV * chains), B * HV, NS),
                   *descs, o, h0, ht, float(scale), T, USE_INITIAL_STATE=h0 is not None,
                   STORE_FINAL_STATE=output_final_state, OUTPUT=output, MAP=False,
                   STORE_H=h is not None, h=h, OUT_GROUPS=output_groups, **(variant or {}),
                   checkpoints=checkpoints,
                   CKPT_EVERY=SEGMENT_CHUNKS if checkpoints is not None else 0,
-                  maxnreg=launch_maxnreg(wu and not chain_t, output_groups), **consts)
+                  CHAINS=chains, maxnreg=maxnreg, **consts)
     return (o if output or h is not None else None), ht
 
 

@@ -44,6 +44,13 @@ from tests.test_gluon_state_output import (assert_like_triton_state_output,  # n
     ("forward transposed gluon, V' on the chain, update hi/lo every chunk", 40, 8, 0, 168,
      160),
     ("forward transposed gluon, V' on the chain, checkpoints", 40, 8, 0, 168, 160),
+    # both value blocks of a head a program (TWO_CHAINS): two chains of 20 k-steps, the output
+    # 32 (Q Kᵀ once, Q h_c and P V' a block), v's second block a TMA copy more; 16 warps at
+    # 128 registers before setmaxnreg (chains 184, output 120); the spills outside the chunk
+    # loops but for 2 + 2 B in the output's (measured); one O staging tile: 220 KB
+    ("forward transposed gluon, V' on the chain, two chains", 72, 10, 240, 128, 221),
+    ("forward transposed gluon, V' on the chain, two chains, checkpoints", 72, 10, 516, 128,
+     221),
     ("segment maps transposed gluon, V' on the chain", 20, 5, 0, 168, 227),
     # the first launch of a two-segment split: the state pass alone over segment 0 from h0
     ("segment 0's end state transposed gluon, V' on the chain", 20, 5, 0, 168, 100),
@@ -769,6 +776,74 @@ def test_forward_with_v_new_on_the_chain(B, T, H, HV, gate, segments):
           f"{rel_err(o, o_wu):.2e} state {rel_err(ht, ht_wu):.2e}")
     assert rel_err(o, o_wu) <= 1e-2 and rel_err(ht, ht_wu) <= 1e-2
     assert rel_err(o, o_ref) <= 5e-3 and rel_err(ht, ht_ref) <= 5e-3
+
+
+def test_two_chains_only_where_their_grid_fills_the_gpu(monkeypatch):
+    """The two-chain main launch (TWO_CHAINS) is taken where B·HV · segments programs fill
+    the SMs (here a stand-in GPU of 8), never for the state passes or other forms."""
+    from gdn_fused.kernels import launch as direct
+    monkeypatch.setattr(gluon_transposed, "sm_count", lambda device: 8)
+    monkeypatch.setattr(gluon_transposed.TensorDescriptor, "from_tensor",
+                        staticmethod(lambda *a, **kw: None))
+    seen = []
+    monkeypatch.setattr(direct, "launch", lambda kernel, grid, *a, **kw: seen.append(
+        (grid, kw.get("CHAINS"), kw.get("OUTPUT"), kw["maxnreg"])))
+    for HV, B, expect in ((4, 1, 1), (4, 2, 2), (8, 1, 2)):
+        seen.clear()
+        x = torch.zeros(B, 128, HV // 2, 128, dtype=torch.bfloat16)
+        v = torch.zeros(B, 128, HV, 128, dtype=torch.bfloat16)
+        rows = torch.zeros(B * HV * 4, 128, dtype=torch.float64)
+        gluon_transposed._launch(x, x, torch.zeros(B, 128, HV, 64, dtype=torch.bfloat16), v,
+                                 rows, 0.1, None, True, True, 2, 1, True, t_on_chain=True)
+        (grid, chains, output, maxnreg), = seen
+        assert chains == expect and grid == (2 // expect, B * HV, 1), (HV, B, seen)
+        assert maxnreg == (128 if expect == 2 else 168)
+    seen.clear()
+    monkeypatch.setattr(gluon_transposed, "TWO_CHAINS", False)
+    gluon_transposed._launch(x, x, torch.zeros(B, 128, HV, 64, dtype=torch.bfloat16), v,
+                             rows, 0.1, None, True, True, 2, 1, True, t_on_chain=True)
+    assert seen[0][1] == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B, T, H, HV, initial_state, gate, segments", [
+    (1, 200, 1, 3, True, "strong", 1),   # GVA 3, partial last chunk, strong decay
+    (3, 130, 2, 4, False, "normal", 1),  # boxes reading the next sequence's rows
+    (2, 256, 2, 4, True, "normal", 1),
+    (1, 1000, 2, 6, True, "zero", 1),    # GVA 3, no decay
+    (1, 8192, 2, 4, True, "zero", 1),    # a training forward's checkpoints
+    (1, 8192, 2, 4, True, "mixed", 2),   # the main launch of a split; the update's low half
+])
+def test_two_chains_give_the_one_chain_bits(B, T, H, HV, initial_state, gate, segments,
+                                            monkeypatch):
+    """Both value blocks of a head in one program (TWO_CHAINS, forced here at any B·HV): o,
+    the final state and a training forward's checkpoints are the one-chain launch's bits (the
+    same products on the same operands, P formed once instead of twice)."""
+    _hopper()
+    from gdn_fused.kernels import launch as direct
+    from gdn_fused.kernels.chunk_state import checkpoint_slabs
+    q, k, v, g, beta, h0, G, Ai, w, u = forward_intermediates(B, T, H, HV, initial_state,
+                                                              T + 5 * HV, gate)
+    slabs = checkpoint_slabs(-(-T // 64))
+    launch, chains = direct.launch, []
+    monkeypatch.setattr(direct, "launch", lambda *a, **kw: (chains.append(kw.get("CHAINS")),
+                                                            launch(*a, **kw))[1])
+    monkeypatch.setattr(gluon_transposed, "TWO_CHAINS_MIN_PROGRAMS", 1)
+    runs = []
+    for two in (False, True):
+        monkeypatch.setattr(gluon_transposed, "TWO_CHAINS", two)
+        ck = torch.full((slabs, B, HV, 128, 128), float("nan"), device="cuda")
+        chains.clear()
+        o, ht = gluon_transposed.forward_t(q, k, v, G, beta, Ai, 0.125, h0, True,
+                                           segments=segments, checkpoints=ck)
+        assert chains[-1] == (2 if two else 1), chains
+        runs.append((o, ht, ck))
+    torch.cuda.synchronize()
+    (o, ht, ck), (o2, ht2, ck2) = runs
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+    assert torch.equal(o2, o), rel_err(o2, o)
+    assert torch.equal(ht2, ht), rel_err(ht2, ht)
+    assert torch.equal(ck2.nan_to_num(7.), ck.nan_to_num(7.))
 
 
 @pytest.mark.gpu
