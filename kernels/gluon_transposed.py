@@ -416,7 +416,7 @@ def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv
                       HV: gl.constexpr, V: gl.constexpr, STORE_H: gl.constexpr, h,
                       group: gl.constexpr = 0, GROUPS: gl.constexpr = 1,
                       Q_REGS: gl.constexpr = True, p_bufs=None, p_ready=None,
-                      P_ON_WU: gl.constexpr = False, CHAINS: gl.constexpr = 1):
+                      P_ON_WU: gl.constexpr = False):
     """Per chunk: P = (Q Kᵀ) ⊙ M and, once the chain has put h_c and V' in shared memory,
     O = scale (D_{e^G} Q h_c + P V') into o; with STORE_H, h_c and V' into h and o instead.
 
@@ -431,10 +431,7 @@ def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv
     n a group, taken in turn, so that a chunk's O waits only for the TMA store n chunks
     back). P_ON_WU (with Q_REGS): P
     comes from the W/U warpgroup through p_bufs (ready on p_ready) instead of this one's Q Kᵀ;
-    the stage is released once Q and the gates are in registers. CHAINS = 2: the program's
-    two chains (value blocks i_v = 0, 1) hand over h_c and V' through stages c·STAGES + s of
-    st_bufs, vn_bufs, sv_ready and sv_empty; P is formed once and O stored a value block at a
-    time."""
+    the stage is released once Q and the gates are in registers."""
     if STORE_H:
         _store_h(st_bufs, vn_bufs, sv_ready, sv_empty, h, o, T, c0, n, i_n, i_hv, i_v, HV, V,
                  group, GROUPS)
@@ -499,37 +496,129 @@ def _output_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv
                 p = _masked_scores(qk, (b_G[:, None] - b_Gj[None, :]).to(gl.float32), valid,
                                    o_t, o_j)
             p = gl.convert_layout(p, a_op)
-        for c in gl.static_range(CHAINS):
-            hs = c * STAGES + s  # the hand-off stage of chain c
-            mbarrier.wait(sv_ready.index(hs), phase)
-            b_o = warpgroup_mma(q_op, st_bufs.index(hs).permute((1, 0)),
-                                gl.zeros([BT, BVr], gl.float32, acc), use_acc=False)
-            b_o = warpgroup_mma(p, vn_bufs.index(hs), b_o * e_G[:, None])
-            # (synchronous products: retired here) every warp past them before the one arrive
+        mbarrier.wait(sv_ready.index(s), phase)
+        b_o = warpgroup_mma(q_op, st_bufs.index(s).permute((1, 0)),
+                            gl.zeros([BT, BVr], gl.float32, acc), use_acc=False)
+        b_o = warpgroup_mma(p, vn_bufs.index(s), b_o * e_G[:, None])
+        # (synchronous products: retired here) every warp past them before the one arrive
+        gl.thread_barrier()
+        mbarrier.arrive(sv_empty.index(s), count=1)
+        if not Q_REGS:
+            mbarrier.arrive(empty.index(s), count=1)
+        out = (b_o * o_scale).to(o_desc.dtype)
+        row = bos + i_t * BT
+        if (i_t + 1) * BT <= T:
+            # the TMA store that last read this staging tile (O_BUFS of this group's chunks
+            # back) must be done before it is rewritten; the newer ones may still run
+            tile = o_smem.index(group * O_BUFS + (j // GROUPS) % O_BUFS)
+            tma.store_wait(O_BUFS - 1)
+            tile.store(out)
+            fence_async_shared()
             gl.thread_barrier()
-            mbarrier.arrive(sv_empty.index(hs), count=1)
-            if not Q_REGS:
-                if c == CHAINS - 1:
-                    mbarrier.arrive(empty.index(s), count=1)
-            out = (b_o * o_scale).to(o_desc.dtype)
-            row = bos + i_t * BT
-            if (i_t + 1) * BT <= T:
-                # the TMA store that last read this staging tile (O_BUFS of this group's
-                # stores back) must be done before it is rewritten; the newer ones may still
-                # run
-                tile = o_smem.index(group * O_BUFS + ((j // GROUPS) * CHAINS + c) % O_BUFS)
-                tma.store_wait(O_BUFS - 1)
-                tile.store(out)
-                fence_async_shared()
-                gl.thread_barrier()
-                tma.async_copy_shared_to_global(o_desc, [row, col + c * BVr], tile)
-            else:
-                # a partial chunk (a TMA box would write into the next sequence's rows):
-                # stored from registers
-                o_v = gl.arange(0, BVr, layout=gl.SliceLayout(0, acc))
-                gl.store(o + (row + o_t).to(gl.int64)[:, None] * (HV * V) + col + c * BVr +
-                         o_v[None, :], out, mask=valid[:, None])
+            tma.async_copy_shared_to_global(o_desc, [row, col], tile)
+        else:
+            # a partial chunk (a TMA box would write into the next sequence's rows): stored
+            # from registers
+            o_v = gl.arange(0, BVr, layout=gl.SliceLayout(0, acc))
+            gl.store(o + (row + o_t).to(gl.int64)[:, None] * (HV * V) + col + o_v[None, :],
+                     out, mask=valid[:, None])
     tma.store_wait(0)
+
+
+@gluon.jit
+def _output_pair_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv_ready,
+                           sv_empty, o_desc, o, scale, T, c0, n, i_n, i_hv,
+                           HV: gl.constexpr, V: gl.constexpr):
+    """The output of a two-chain program (CHAINS = 2, V' on the chain): per chunk P = (Q Kᵀ)
+    ⊙ M once, then O_c = scale (D_{e^G} Q h_c + P V'_c) for both value blocks c, chain c's
+    h_c and V' in hand-off stages c·STAGES + s. Why not :func:`_output_partition` a block at
+    a time: with two chains stepping side by side its synchronous products and stores bound
+    the step (H200, session 26, (8, 4096): forward_t 359–388 µs, the chains alone 245). Here
+    both blocks' products are in flight together (Q h_0, Q h_1, then P V'_0, P V'_1 as each
+    Q h retires), and each O_c is stored by TMA from V'_c's own tile once P V'_c has read it
+    (the tile is released to chain c when the store has read it: the next chunk's first
+    wait), so no staging tile is waited for. Q is read by wgmma from the ring stage, which
+    this warpgroup holds until both Q h products have retired: Q in registers beside both
+    accumulators (and P) exceeds the warpgroup's 120 registers, and ptxas then serializes
+    every wgmma of the kernel, the chains' included (C7512; also with P from shared memory).
+    The arithmetic is the one-block output's: the same bits."""
+    BT: gl.constexpr = k_bufs.type.shape[1]
+    BVr: gl.constexpr = vn_bufs.type.shape[2]
+    STAGES: gl.constexpr = k_bufs.type.shape[0]
+    acc: gl.constexpr = accumulator_layout(BT)
+    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc, k_width=2)
+    o_t = gl.arange(0, BT, layout=gl.SliceLayout(1, acc))
+    o_j = gl.arange(0, BT, layout=gl.SliceLayout(0, acc))
+    o_v = gl.arange(0, BVr, layout=gl.SliceLayout(0, acc))
+    bos = i_n * T
+    col = i_hv * V
+    log2_scale = gl.log2(scale)
+    for j in range(n):
+        i_t = c0 + j
+        s = j % STAGES
+        phase = (j // STAGES) & 1
+        mbarrier.wait(ready.index(s), phase)
+        l_i = _chain_row(g_bufs, s, LOG2_G_ROW, gl.SliceLayout(1, acc)) + log2_scale
+        l_j = _chain_row(g_bufs, s, LOG2_G_ROW, gl.SliceLayout(0, acc))
+        e_G = _chain_row(g_bufs, s, EXP_G_ROW, gl.SliceLayout(1, acc)) * scale
+        q_tile = q_bufs.index(s)
+        qk = warpgroup_mma(q_tile, k_bufs.index(s).permute((1, 0)),
+                           gl.zeros([BT, BT], gl.float32, acc), use_acc=False)
+        # rows past T are row-local (no later row reads them) and stored masked
+        p = gl.convert_layout(_scaled_scores(qk, l_i, l_j, o_t[:, None] >= o_j[None, :]), a_op)
+        if j > 0:
+            # the previous chunk's O_1 store has read V'_1's tile: chain 1 may rewrite it
+            tma.store_wait(0)
+            mbarrier.arrive(sv_empty.index(STAGES + (j - 1) % STAGES), count=1)
+        mbarrier.wait(sv_ready.index(s), phase)
+        b_o0 = warpgroup_mma(q_tile, st_bufs.index(s).permute((1, 0)),
+                             gl.zeros([BT, BVr], gl.float32, acc), use_acc=False,
+                             is_async=True)
+        mbarrier.wait(sv_ready.index(STAGES + s), phase)
+        b_o1 = warpgroup_mma(q_tile, st_bufs.index(STAGES + s).permute((1, 0)),
+                             gl.zeros([BT, BVr], gl.float32, acc), use_acc=False,
+                             is_async=True)
+        # (the waits name the register operand of the products still in flight, p)
+        b_o0 = warpgroup_mma_wait(num_outstanding=1, deps=[b_o0])
+        b_o0 = warpgroup_mma(p, vn_bufs.index(s), b_o0 * e_G[:, None], is_async=True)
+        b_o1, p = warpgroup_mma_wait(num_outstanding=1, deps=[b_o1, p])
+        # both Q h products have read the stage (q, k, the gates read before): every warp
+        # past them before the one arrive
+        gl.thread_barrier()
+        mbarrier.arrive(empty.index(s), count=1)
+        b_o1 = warpgroup_mma(p, vn_bufs.index(STAGES + s), b_o1 * e_G[:, None], is_async=True)
+        b_o0, p = warpgroup_mma_wait(num_outstanding=1, deps=[b_o0, p])
+        _store_o_block(b_o0, vn_bufs.index(s), o_desc, o, bos + i_t * BT, col, i_t, T, o_t, o_v,
+                       HV, V)
+        b_o1, p = warpgroup_mma_wait(num_outstanding=0, deps=[b_o1, p])
+        _store_o_block(b_o1, vn_bufs.index(STAGES + s), o_desc, o, bos + i_t * BT, col + BVr,
+                       i_t, T, o_t, o_v, HV, V)
+        # block 0's store is older than block 1's: once at most one is pending, V'_0's tile
+        # may be rewritten
+        tma.store_wait(1)
+        mbarrier.arrive(sv_empty.index(s), count=1)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _store_o_block(b_o, tile, o_desc, o, row, col, i_t, T, o_t, o_v, HV: gl.constexpr,
+                   V: gl.constexpr):
+    """O's [C, BV] block (fp32 accumulator) to o at (row, col): by TMA from ``tile`` (the
+    block's V' tile, read by its last product), or from registers for a partial chunk (a
+    TMA box would write into the next sequence's rows)."""
+    BT: gl.constexpr = o_t.shape[0]
+    out = b_o.to(o_desc.dtype)
+    # every warp past the product that read the tile before any rewrites it
+    gl.thread_barrier()
+    if (i_t + 1) * BT <= T:
+        tile.store(out)
+        fence_async_shared()
+        gl.thread_barrier()
+        tma.async_copy_shared_to_global(o_desc, [row, col], tile)
+    else:
+        valid = i_t * BT + o_t < T
+        gl.store(o + (row + o_t).to(gl.int64)[:, None] * (HV * V) + col + o_v[None, :], out,
+                 mask=valid[:, None])
 
 
 @gluon.jit
@@ -787,10 +876,12 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
     vn_bufs = gl.allocate_shared_memory(
         gl.bfloat16, [CHAINS * STAGES, BT, BVr],
         gl.NVMMASharedLayout.get_default_for([BT, BVr], gl.bfloat16))
-    # O's TMA staging tiles: O_BUFFERS an output warpgroup
-    o_smem = gl.allocate_shared_memory(o_desc.dtype,
-                                       [OUT_GROUPS * O_BUFFERS] + o_desc.block_type.shape,
-                                       o_desc.layout)
+    # O's TMA staging tiles: O_BUFFERS an output warpgroup (two chains stage O in their V'
+    # tiles)
+    if CHAINS == 1:
+        o_smem = gl.allocate_shared_memory(o_desc.dtype,
+                                           [OUT_GROUPS * O_BUFFERS] + o_desc.block_type.shape,
+                                           o_desc.layout)
     # the output warpgroup, when there is one, and the W/U one release each stage too (the
     # stores of STORE_H read no stage)
     # the chain hands h_c and V' over for the output, or (STORE_H) for their stores
@@ -868,10 +959,9 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
                                 USE_INITIAL_STATE, STORE_FINAL_STATE, HANDOFF, MAP, NS, WU,
                                 checkpoints, CKPT_EVERY, CHAIN_T, SEG0_END, UPDATE_LO,
                                 LO_ABOVE, 0)),
-            (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
-                                 sv_ready, sv_empty, o_smem, o_desc, o, scale, T, c0,
-                                 n, i_n, i_hv, 0, HV, V, STORE_H, h, 0, 1, Q_REGS, None,
-                                 None, False, CHAINS)),
+            (_output_pair_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
+                                      sv_ready, sv_empty, o_desc, o, scale, T, c0, n, i_n,
+                                      i_hv, HV, V)),
             (load_ring, ((q_desc, k_desc, w_desc, u_desc, u_desc),
                          (q_bufs, k_bufs, w_bufs, u_bufs, u1_bufs),
                          (i_h * K, i_h * K, w_col, u_col, u_col + BVr), (ready, empty),
