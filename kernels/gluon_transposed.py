@@ -185,15 +185,17 @@ CHAIN_OUTPUT_GROUPS = 1
 T_ON_CHAIN = True
 # forward_t's main launch with both value blocks of a head in one program (CHAINS = 2: two
 # chain warpgroups, one output warpgroup, q, k, T and the gate rows loaded once for both)
-# where the two-chain grid (B·HV · segments programs) still fills every SM. Why: a chain's step
-# is latency-bound (session 22's ncu: its warps issue 27–31 % of the time, waiting on their
-# own products and conversions), and one program an SM fits (168 registers × 384 threads); a
-# second chain in the same program fills the gaps. Where the two-chain grid would leave SMs
-# idle ((1, 2048), the split (1, 32768): 64 programs) one chain stays; between one and two
-# waves of one-chain programs (66 ≤ B·HV < 132 on the H200) unmeasured, so one chain.
+# where it takes fewer step-times (:func:`two_chains_pay`). Why: a chain's step is
+# latency-bound (session 22's ncu: its warps issue 27–31 % of the time, waiting on their own
+# products and conversions), and one program an SM fits (168 registers × 384 threads); a
+# second chain in the same program fills the gaps: H200, session 26, forward_t alone, the
+# chains without the output 245 µs at (8, 4096) against 424 for one chain a program.
 TWO_CHAINS = True
-# the two-chain grid's programs needed for it (None: the device's SM count; tests set 1)
-TWO_CHAINS_MIN_PROGRAMS = None
+# A two-chain program's chunk step over a one-chain program's, both with the output (H200,
+# session 26, forward_t alone, per wave of programs: (8, 4096) 2.83 / 1.67 µs, (32, 2048)
+# 2.95 / 1.76 µs; docs/results/diag_two_chains_pair_2026-12-02_s26.log). 0 takes two chains
+# wherever they apply (tests, A/B)
+TWO_CHAIN_STEP_RATIO = 1.7
 MAXNREG_TWO_OUTPUTS = 128
 # forward_t with two chains a program (TWO_CHAINS): 4 + 4 + 4 + 1 warps, padded to 16, take 128
 # registers a thread at launch; setmaxnreg gives the output warpgroup CHAINS_OUT_REGS, the
@@ -1206,6 +1208,18 @@ def _gate_rows(rows, B, T, HV):
     return out.view(B * HV * len(rows), NT * CHUNK)
 
 
+def two_chains_pay(programs: int, sms: int, ratio: float = None) -> bool:
+    """Whether ``programs`` two-chain programs (both value blocks of a head each) finish in
+    fewer step-times than 2 · programs one-chain ones on ``sms`` SMs, one program an SM at a
+    time: every wave of programs runs all its chunks, so the cost is waves × step, with the
+    two-chain step ``ratio`` (default TWO_CHAIN_STEP_RATIO) one-chain steps. On the H200 (132
+    SMs): 64 programs (the split (1, 32768)) one chain; 66 < P ≤ 132 two (two waves of
+    one-chain programs against one); 132 < P ≤ 198 one (three against two × 1.7); (8, 4096)
+    and (32, 2048) two."""
+    ratio = TWO_CHAIN_STEP_RATIO if ratio is None else ratio
+    return ratio * triton.cdiv(programs, sms) < triton.cdiv(2 * programs, sms)
+
+
 def launch_maxnreg(wu_warpgroup: bool, output_groups: int) -> int:
     """The register cap a launch of chunk_state_output_t_kernel takes: with the W/U
     warpgroup MAXNREG_WU, with two output warpgroups MAXNREG_TWO_OUTPUTS, else MAXNREG
@@ -1284,8 +1298,8 @@ def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_fina
                       STORE_FINAL_STATE=True, OUTPUT=False, MAP=True, maxnreg=cap, **consts)
         h0 = compose_segment_states(maps, h0, B, HV)
     chains = 2 if (TWO_CHAINS and chain_t and output and output_groups == 1 and h is None
-                   and V // BV == 2 and B * HV * NS >= (TWO_CHAINS_MIN_PROGRAMS or
-                                                        sm_count(q.device))) else 1
+                   and V // BV == 2 and two_chains_pay(B * HV * NS, sm_count(q.device))) \
+        else 1
     maxnreg = (MAXNREG_TWO_CHAINS if chains == 2 else
                launch_maxnreg(wu and not chain_t, output_groups))
     direct.launch(chunk_state_output_t_kernel, (V // (BV * chains), B * HV, NS),

@@ -14,19 +14,21 @@ import torch
 import triton
 
 import gdn_fused
-from eval.bench import ANCHOR_SHAPES, DIM, graph_ms, load_fla, make_inputs
+from eval.bench import DIM, _shapes, graph_ms, load_fla, make_inputs
 
 p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 p.add_argument("flag", help="module.NAME, e.g. gdn_fused.kernels.gluon_kkt_solve.ROLES")
 p.add_argument("values", nargs="+", help="Python literals, e.g. False True")
 p.add_argument("--rounds", type=int, default=3)
+p.add_argument("--shapes", type=_shapes, default="anchors",
+               help="'anchors' (default) or B:T,B:T,... as eval.bench takes them")
 args = p.parse_args()
 module_name, name = args.flag.rsplit(".", 1)
 module = importlib.import_module(module_name)
 values = [ast.literal_eval(v) for v in args.values]
 fla_chunk, _ = load_fla()
 
-for B, T in ANCHOR_SHAPES:
+for B, T in args.shapes:
     q, k, v, g, beta, h0 = make_inputs(B, T)
 
     def fused():

@@ -779,9 +779,9 @@ def test_forward_with_v_new_on_the_chain(B, T, H, HV, gate, segments):
     assert rel_err(o, o_ref) <= 5e-3 and rel_err(ht, ht_ref) <= 5e-3
 
 
-def test_two_chains_only_where_their_grid_fills_the_gpu(monkeypatch):
-    """The two-chain main launch (TWO_CHAINS) is taken where B·HV · segments programs fill
-    the SMs (here a stand-in GPU of 8), never for the state passes or other forms."""
+def test_two_chains_where_their_waves_take_fewer_steps(monkeypatch):
+    """The two-chain main launch (TWO_CHAINS) is taken where its waves of programs take fewer
+    step-times (two_chains_pay; here a stand-in GPU of 8 SMs), never for the state passes."""
     from gdn_fused.kernels import launch as direct
     monkeypatch.setattr(gluon_transposed, "sm_count", lambda device: 8)
     monkeypatch.setattr(gluon_transposed.TensorDescriptor, "from_tensor",
@@ -789,7 +789,9 @@ def test_two_chains_only_where_their_grid_fills_the_gpu(monkeypatch):
     seen = []
     monkeypatch.setattr(direct, "launch", lambda kernel, grid, *a, **kw: seen.append(
         (grid, kw.get("CHAINS"), kw.get("OUTPUT"), kw["maxnreg"])))
-    for HV, B, expect in ((4, 1, 1), (4, 2, 2), (8, 1, 2)):
+    # B·HV programs: 4 (one wave either way: one chain), 8 (two waves of one-chain programs
+    # against one of 1.7 steps), 12 (three against two), 16 (four against two)
+    for HV, B, expect in ((4, 1, 1), (4, 2, 2), (8, 1, 2), (4, 3, 1), (8, 2, 2)):
         seen.clear()
         x = torch.zeros(B, 128, HV // 2, 128, dtype=torch.bfloat16)
         v = torch.zeros(B, 128, HV, 128, dtype=torch.bfloat16)
@@ -799,11 +801,20 @@ def test_two_chains_only_where_their_grid_fills_the_gpu(monkeypatch):
         (grid, chains, output, maxnreg), = seen
         assert chains == expect and grid == (2 // expect, B * HV, 1), (HV, B, seen)
         assert maxnreg == (128 if expect == 2 else 168)
+    # split in two: segment 0's state pass alone one chain, the main launch over both segments
+    # (8 programs) two
+    seen.clear()
+    x, v = torch.zeros(1, 128, 2, 128, dtype=torch.bfloat16), torch.zeros(1, 128, 4, 128,
+                                                                           dtype=torch.bfloat16)
+    t_tiles, rows = torch.zeros(1, 128, 4, 64, dtype=torch.bfloat16), rows[:16]
+    gluon_transposed._launch(x, x, t_tiles, v, rows, 0.1, None, True, True, 2, 2, True,
+                             t_on_chain=True)
+    assert [(c, out) for _, c, out, _ in seen] == [(None, False), (2, True)], seen
     seen.clear()
     monkeypatch.setattr(gluon_transposed, "TWO_CHAINS", False)
-    gluon_transposed._launch(x, x, torch.zeros(B, 128, HV, 64, dtype=torch.bfloat16), v,
-                             rows, 0.1, None, True, True, 2, 1, True, t_on_chain=True)
-    assert seen[0][1] == 1
+    gluon_transposed._launch(x, x, t_tiles, v, rows, 0.1, None, True, True, 2, 2, True,
+                             t_on_chain=True)
+    assert seen[-1][1] == 1
 
 
 @pytest.mark.gpu
@@ -829,7 +840,7 @@ def test_two_chains_give_the_one_chain_bits(B, T, H, HV, initial_state, gate, se
     launch, chains = direct.launch, []
     monkeypatch.setattr(direct, "launch", lambda *a, **kw: (chains.append(kw.get("CHAINS")),
                                                             launch(*a, **kw))[1])
-    monkeypatch.setattr(gluon_transposed, "TWO_CHAINS_MIN_PROGRAMS", 1)
+    monkeypatch.setattr(gluon_transposed, "TWO_CHAIN_STEP_RATIO", 0)
     runs = []
     for two in (False, True):
         monkeypatch.setattr(gluon_transposed, "TWO_CHAINS", two)
