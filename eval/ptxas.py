@@ -131,7 +131,17 @@ def report_of(compiled, arch: int = 90, **options) -> dict:
                 spill_loads=number(r"(\d+) bytes spill loads"),
                 stack=number(r"(\d+) bytes stack frame"),
                 shared=compiled.metadata.shared, num_warps=options.get("num_warps", 4),
-                features=ptx_features(ptx))
+                features=ptx_features(ptx), wgmma_serialized=wgmma_serialized(log))
+
+
+def wgmma_serialized(log: str) -> str:
+    """ptxas's reason for serializing the kernel's wgmma instructions (its C75xx info line,
+    e.g. "insufficient register resources for the function"), or "" where it pipelines them.
+    It applies to the whole function: one warp-specialized role short of registers for its
+    products in flight serializes every role's (session 26: the two-chain forward's output
+    warpgroup at 120 registers)."""
+    m = re.search(r"wgmma\.mma_async instructions are serialized due to ([^\n']+)", log)
+    return m.group(1).strip() if m else ""
 
 
 def sass(compiled) -> str:
@@ -569,7 +579,7 @@ def _main(argv) -> int:
             p.error(f"--set: {key!r} is not a constexpr of any selected kernel ({which}); "
                     "runtime arguments cannot be set")
     head = ["kernel", "warps", "registers", "spill stores B", "stack B", "shared B"] + \
-        list(HOPPER_FEATURES) + ["A-operand hazards"]
+        list(HOPPER_FEATURES) + ["A-operand hazards", "wgmma serialized"]
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for name in names:
         if args.arch != 90 and name in HOPPER_ONLY:
@@ -585,6 +595,7 @@ def _main(argv) -> int:
         listing = sass(compiled) if args.arch == 90 else ""
         hazards = register_operand_hazards(listing)
         cells.append(len(hazards) if args.arch == 90 else "")
+        cells.append(r["wgmma_serialized"] or "no")
         print("| " + " | ".join(map(str, cells)) + " |", flush=True)
         for wgmma, write in hazards:
             print(f"|   hazard: {wgmma} … {write} |", flush=True)

@@ -71,6 +71,9 @@ def test_compiles_to_a_warp_specialized_kernel_with_register_operands(name, wgmm
     assert f["mbarrier"] > 0 and f["mma.sync"] == 0
     assert options["maxnreg"] == maxnreg and r["registers"] <= maxnreg
     assert r["spill_stores"] <= spill and r["spill_loads"] <= spill
+    # ptxas keeps every role's wgmma pipelined (a role short of registers for its products in
+    # flight serializes the whole kernel's: the two-chain output's first form, session 26)
+    assert not r["wgmma_serialized"], r["wgmma_serialized"]
     # a 2-stage ring of q, k, w (16 KB each), u (8 KB) and the gates, h_c and V' (24 KB a
     # stage), o's staging tile: 174 KB (182 with two output groups), one program an SM; the
     # state pass alone 83 KB (two an SM); with W and U on chip 207 KB; storing h and v_new

@@ -35,6 +35,17 @@ def test_register_cap_is_passed_to_ptxas(dot_kernel):
     assert capped["registers"] <= 64
 
 
+def test_wgmma_serialization_is_reported(dot_kernel):
+    """ptxas pipelines a 64×128 product's wgmmas at its own register count, and serializes
+    them (its C75xx info line, which applies to the whole function) when capped below what the
+    accumulators in flight need; compile_report gives the reason (session 26: the two-chain
+    forward's output warpgroup short of registers serialized every role's wgmma)."""
+    sig = {"a": "*bf16", "c": "*fp32"}
+    assert compile_report(dot_kernel, sig, {"N": 128}, num_warps=4)["wgmma_serialized"] == ""
+    capped = compile_report(dot_kernel, sig, {"N": 128}, num_warps=4, maxnreg=96)
+    assert "insufficient register resources" in capped["wgmma_serialized"]
+
+
 def test_missing_argument_types_are_named(dot_kernel):
     with pytest.raises(ValueError, match=r"\['c'\]"):
         compile_report(dot_kernel, {"a": "*bf16"}, {"N": 64})
@@ -142,6 +153,7 @@ def test_backward_gluon_kernels_fit_two_ctas_an_sm_and_keep_their_operands(name,
     assert int(cells["shared B"]) <= 228 * 1024 // ctas - 1024, cells
     assert int(cells["registers"]) == maxnreg and maxnreg * 256 * ctas <= 65536, cells
     assert cells["A-operand hazards"] == "0", run.stdout
+    assert cells["wgmma serialized"] == "no", run.stdout
 
 
 def test_set_refuses_keys_no_selected_kernel_has(capsys):
