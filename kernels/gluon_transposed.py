@@ -107,6 +107,17 @@ instructions a chunk, short enough for one output warpgroup to keep up with the 
 (``CHAIN_OUTPUT_GROUPS = 1``: 160 KB, 168 registers at launch, no spills; fused forward
 −0.5 to −2.4 % on the H200, the same bits).
 
+Two chains a program (``TWO_CHAINS``, session 26): where it takes fewer waves of step-times
+(:func:`two_chains_pay`: (8, 4096), (32, 2048), B·HV of 66–132 on the H200, not the split
+(1, 32768) or (1, 2048)), the main launch runs both value blocks of a head in one program:
+chain 0 the default partition, chain 1 a worker warpgroup (184 registers each), their own v
+tiles and hand-off stages, the ring's q, k, T and gate tiles shared, and one output warpgroup
+for both (:func:`_output_pair_partition`, 120 registers): P formed once, both blocks' products
+in flight together, O stored from each block's V' tile. The chains alone step 1.73× as fast
+as one chain a program (forward_t without the output 245 against 424 µs at (8, 4096)); with
+the output, forward_t 427 → 359–366 µs at (8, 4096), 898–907 → 751–762 at (32, 2048); the
+same bits as one chain (H200; docs/fused_design.md, session 26).
+
 The W/U form (``WU``, ``forward_t(t_on_chain=False)``, the route from session 10 to 17): a
 fourth warpgroup forms each chunk's W and U from T and the ring's k and v (207 KB of shared
 memory, four roles at 128 registers a thread before setmaxnreg, chain 232, one output
