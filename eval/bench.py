@@ -648,7 +648,8 @@ def sweep_forward_t(shapes):
     """forward_t (the fused backend's kernel after the inverse) at each shape: by default (V'
     formed on the chain, gluon_transposed.CHAIN_OUTPUT_GROUPS output warpgroups), in its
     W/U-warpgroup form with and without P formed there (P_ON_WU), with two staging tiles for
-    O (O_BUFFERS = 2) and by default again (the first timing of a shape ran 5–10 % slow in
+    O (O_BUFFERS = 2), with one and with two chains a program (gluon_transposed.TWO_CHAINS,
+    forced either way) and by default again (the first timing of a shape ran 5–10 % slow in
     session 13's run), split as the route splits, each against the default's o; then,
     unsplit, its roles added one at a time (the chain alone with W and U from HBM, + the W/U
     warpgroup, + one output warpgroup, the chain with one or two output warpgroups and W, U
@@ -704,11 +705,17 @@ def sweep_forward_t(shapes):
                     "unsplit": dict(segments=1), "two segments": dict(segments=2),
                     "two segments by maps": dict(segments=2)}
         variants["W/U warpgroup, unsplit"] = dict(t_on_chain=False, segments=1)
+        variants["one chain a program"] = variants["two chains a program"] = {}
         variants["default, again"] = {}
+        # module flags a row sets: the maps row takes segment 1's entering state by [M | b]
+        # and the composition, as before session 18; the chain rows force two_chains_pay's
+        # choice either way
+        flags = {"two segments by maps": dict(SEGMENT0_FROM_H0=False),
+                 "one chain a program": dict(TWO_CHAINS=False),
+                 "two chains a program": dict(TWO_CHAIN_STEP_RATIO=0)}
         for name, kw in variants.items():
-            # the maps row: segment 1's entering state by [M | b] and the composition, as
-            # before session 18 (gluon_transposed.SEGMENT0_FROM_H0 off for its timing)
-            with mock.patch.object(gt, "SEGMENT0_FROM_H0", not name.endswith("by maps")):
+            patched = flags.get(name)
+            with mock.patch.multiple(gt, **patched) if patched else contextlib.nullcontext():
                 o, _ = forward_t(q, k, v, G, beta, Ai, 0.1, h0, True, **kw)
                 o_ref = o if o_ref is None else o_ref
                 fn = lambda: forward_t(q, k, v, G, beta, Ai, 0.1, h0, True, **kw)  # noqa: E731
