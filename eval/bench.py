@@ -653,8 +653,9 @@ def sweep_forward_t(shapes):
     session 13's run), split as the route splits, each against the default's o; then,
     unsplit, its roles added one at a time (the chain alone with W and U from HBM, + the W/U
     warpgroup, + one output warpgroup, the chain with one or two output warpgroups and W, U
-    from HBM, the chain forming V' alone and with one or two output warpgroups): what each
-    role adds to a chunk step. do_bench medians in µs."""
+    from HBM, the chain forming V' alone and with one or two output warpgroups, two such
+    chains with one output warpgroup): what each role adds to a chunk step, one chain a
+    program but in the last row. do_bench medians in µs."""
     import triton
     forward_t = _gluon_kernel("gluon_transposed", "forward_t",
                               "GDN_BENCH_SKIP_GLUON_T_EXPERIMENTAL")
@@ -685,16 +686,22 @@ def sweep_forward_t(shapes):
                 q, k, w, u, rows_g, 0.1, h0, True, True, stages, 1, False, output_groups=2),
             "chain forming V' from T and v": lambda: gt._launch(
                 q, k, Ai, v, rows_c, 0.1, h0, True, False, stages, 1, True, t_on_chain=True),
-            "chain forming V' + one output warpgroup (forward_t)": lambda: gt._launch(
-                q, k, Ai, v, rows_c, 0.1, h0, True, True, stages, 1, True, t_on_chain=True,
-                output_groups=1),
+            "chain forming V' + one output warpgroup (forward_t, one chain)": lambda:
+                gt._launch(q, k, Ai, v, rows_c, 0.1, h0, True, True, stages, 1, True,
+                           t_on_chain=True, output_groups=1),
+            "two chains forming V' + one output warpgroup (forward_t, two chains)": lambda:
+                gt._launch(q, k, Ai, v, rows_c, 0.1, h0, True, True, stages, 1, True,
+                           t_on_chain=True, output_groups=1),
             "chain forming V' + two output warpgroups (forward_t to session 22)": lambda:
                 gt._launch(q, k, Ai, v, rows_c, 0.1, h0, True, True, stages, 1, True,
                            t_on_chain=True, output_groups=2),
         }
         for name, fn in roles.items():
-            fn()
-            us = 1e3 * triton.testing.do_bench(fn, return_mode="median")
+            # one chain a program but in the row that asks for two (two_chains_pay forced)
+            with mock.patch.multiple(gt, **(dict(TWO_CHAIN_STEP_RATIO=0) if "two chains" in name
+                                            else dict(TWO_CHAINS=False))):
+                fn()
+                us = 1e3 * triton.testing.do_bench(fn, return_mode="median")
             print(f"forward_t roles B={B} T={T} {name}: {us:.1f} us, "
                   f"{us / triton.cdiv(T, CHUNK):.2f} us a chunk", flush=True)
         o_ref = None

@@ -368,7 +368,8 @@ def _gluon_transposed_chain_t_update(lo: bool, lo_above: float = -1.0):
 
 def _gluon_transposed_two_chains(checkpoints: bool = False):
     """forward_t's main launch with both value blocks of a head in one program (two chain
-    warpgroups, gluon_transposed.TWO_CHAINS), as a launch at B·HV of 132+ takes it."""
+    warpgroups, gluon_transposed.TWO_CHAINS), as a launch where two_chains_pay takes it
+    ((8, 4096), (32, 2048))."""
     fn, sig, consts = (_gluon_transposed_chain_t_checkpoints() if checkpoints else
                        _gluon_transposed_chain_t())
     return fn, sig, {**consts, "CHAINS": 2}

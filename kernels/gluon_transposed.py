@@ -108,8 +108,9 @@ instructions a chunk, short enough for one output warpgroup to keep up with the 
 −0.5 to −2.4 % on the H200, the same bits).
 
 Two chains a program (``TWO_CHAINS``, session 26): where it takes fewer waves of step-times
-(:func:`two_chains_pay`: (8, 4096), (32, 2048), B·HV of 66–132 on the H200, not the split
-(1, 32768) or (1, 2048)), the main launch runs both value blocks of a head in one program:
+(:func:`two_chains_pay`: on the H200 (8, 4096), (32, 2048) and B·HV of 67–132, not 133–198,
+not the split (1, 32768) or (1, 2048)), the main launch runs both value blocks of a head in
+one program:
 chain 0 the default partition, chain 1 a worker warpgroup (184 registers each), their own v
 tiles and hand-off stages, the ring's q, k, T and gate tiles shared, and one output warpgroup
 for both (:func:`_output_pair_partition`, 120 registers): P formed once, both blocks' products
@@ -212,8 +213,10 @@ MAXNREG_TWO_OUTPUTS = 128
 # registers a thread at launch; setmaxnreg gives the output warpgroup CHAINS_OUT_REGS, the
 # producer LOAD_REGS, chain 1 CHAIN_REGS and chain 0 (the default partition) the rest, 184
 # too. eval.ptxas (sm_90a): a chain at 176 spills in its loop (13 loads, 4 stores a step), at
-# 184 not; the output at 120 spills 2 and 2 (none at 128), the cheaper of the two; 226 KB of
-# shared memory with one O staging tile (two would be 234 KB, over the 227 KB an SM gives)
+# 184 not; the output (_output_pair_partition) fits 120 with no spill in its loop once Q is
+# read from shared memory (Q in registers: ptxas serialized every wgmma, C7512). 213 KB of
+# shared memory, O staged in the V' tiles (an O staging tile of one block's first form made
+# 226 KB; two would be 234, over the 227 KB an SM gives)
 MAXNREG_TWO_CHAINS = 128
 CHAIN_WARPS = gl.constexpr(4)
 CHAIN_REGS = gl.constexpr(184)
@@ -549,8 +552,9 @@ def _output_pair_partition(q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_buf
     the step (H200, session 26, (8, 4096): forward_t 359–388 µs, the chains alone 245). Here
     both blocks' products are in flight together (Q h_0, Q h_1, then P V'_0, P V'_1 as each
     Q h retires), and each O_c is stored by TMA from V'_c's own tile once P V'_c has read it
-    (the tile is released to chain c when the store has read it: the next chunk's first
-    wait), so no staging tile is waited for. Q is read by wgmma from the ring stage, which
+    (chain 0's tile released at the end of the chunk once its store has read it, chain 1's
+    early in the next chunk, after its own store), so no separate staging tile has to be
+    free before a block's O is written. Q is read by wgmma from the ring stage, which
     this warpgroup holds until both Q h products have retired: Q in registers beside both
     accumulators (and P) exceeds the warpgroup's 120 registers, and ptxas then serializes
     every wgmma of the kernel, the chains' included (C7512; also with P from shared memory).
@@ -837,8 +841,9 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
     its bf16 high and low halves (STATE_UPDATE_LO) in the chunks that keep more than
     LO_ABOVE of the state (γ = e^{G_C} > LO_ABOVE; every chunk where LO_ABOVE < 0). PDL
     (kernels/pdl.py): wait for the previous grid (the inverse) before anything else. CHAINS =
-    2 (CHAIN_T with the output, one output group, no split pass; grid axis 0 of size
-    V / (2·BV)): both value blocks of a head in one program, two chain warpgroups sharing the
+    2 (CHAIN_T with the output, one output group, not the maps' or segment 0's state pass;
+    V = 2·BV, grid axis 0 of size 1): both value blocks of a head in one program, two chain
+    warpgroups sharing the
     ring's q, k, T and gate tiles (v's two blocks loaded apart) and one output warpgroup
     forming P once for both (``TWO_CHAINS``)."""
     if PDL:
@@ -852,6 +857,8 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
     gl.static_assert(not (STORE_H and (OUTPUT or MAP)), "STORE_H replaces the output")
     gl.static_assert(CHAINS == 1 or (CHAIN_T and OUTPUT and OUT_GROUPS == 1 and not MAP),
                      "two chains a program: V' on the chain, with the output, one group")
+    gl.static_assert(CHAINS == 1 or V == 2 * u_desc.block_type.shape[1],
+                     "two chains a program: both value blocks of a head, V = 2·BV")
     BT: gl.constexpr = k_desc.block_type.shape[0]
     BVr: gl.constexpr = u_desc.block_type.shape[1]
     if MAP:
@@ -1308,9 +1315,10 @@ def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_fina
                       *descs, o, None, maps, float(scale), T, USE_INITIAL_STATE=False,
                       STORE_FINAL_STATE=True, OUTPUT=False, MAP=True, maxnreg=cap, **consts)
         h0 = compose_segment_states(maps, h0, B, HV)
+    # (launch variants are the one-chain output's constexprs: a variant keeps one chain)
     chains = 2 if (TWO_CHAINS and chain_t and output and output_groups == 1 and h is None
-                   and V // BV == 2 and two_chains_pay(B * HV * NS, sm_count(q.device))) \
-        else 1
+                   and not variant and V == 2 * BV
+                   and two_chains_pay(B * HV * NS, sm_count(q.device))) else 1
     maxnreg = (MAXNREG_TWO_CHAINS if chains == 2 else
                launch_maxnreg(wu and not chain_t, output_groups))
     direct.launch(chunk_state_output_t_kernel, (V // (BV * chains), B * HV, NS),

@@ -813,6 +813,15 @@ def test_two_chains_where_their_waves_take_fewer_steps(monkeypatch):
     gluon_transposed._launch(x, x, t_tiles, v, rows, 0.1, None, True, True, 2, 2, True,
                              t_on_chain=True)
     assert [(c, out) for _, c, out, _ in seen] == [(None, False), (2, True)], seen
+    # never for the state pass alone, two output groups, the W/U form or a launch variant (the
+    # one-chain output's constexprs), where two chains would otherwise pay
+    for kw in (dict(output=False), dict(output_groups=2), dict(t_on_chain=False),
+               dict(variant=dict(O_BUFFERS=2))):
+        seen.clear()
+        args = {"output": True, "t_on_chain": True, **kw}
+        gluon_transposed._launch(x, x, t_tiles, v, rows, 0.1, None, True, args.pop("output"),
+                                 2, 2, True, **args)
+        assert seen[-1][1] in (None, 1), (kw, seen)
     seen.clear()
     monkeypatch.setattr(gluon_transposed, "TWO_CHAINS", False)
     gluon_transposed._launch(x, x, t_tiles, v, rows, 0.1, None, True, True, 2, 2, True,
@@ -828,6 +837,9 @@ def test_two_chains_where_their_waves_take_fewer_steps(monkeypatch):
     (1, 1000, 2, 6, True, "zero", 1),    # GVA 3, no decay
     (1, 8192, 2, 4, True, "zero", 1),    # a training forward's checkpoints
     (1, 8192, 2, 4, True, "mixed", 2),   # the main launch of a split; the update's low half
+    (1, 64, 1, 2, True, "normal", 1),    # one chunk: chain 1's tile never waited for
+    (1, 8192, 2, 4, True, "normal", 3),  # three segments (the maps), the last ones' main launch
+    (8, 4096, 16, 32, True, "normal", 1),  # the benchmark's shape: 256 programs, full SMs
 ])
 def test_two_chains_give_the_one_chain_bits(B, T, H, HV, initial_state, gate, segments,
                                             monkeypatch):
