@@ -572,6 +572,12 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS, device="cuda", dtype=t
         "bwd state gluon beside chunk_state (checkpoints), T for W": lambda: side_by_side(
             kernels["chunk_bwd_state transposed gluon, T for W"],
             kernels["chunk_state (checkpoints, T and v)"], q.device),
+        # with both value blocks of a head a program (gluon_bwd_state.TWO_CHAINS, off so far)
+        "chunk_bwd_state transposed gluon, T for W, two chains": lambda: chunk_bwd_state_t(
+            q, k, Ai, beta_rows, do, dv_local, scale, dht, h0, chain_t=True, chains=2),
+        "bwd state gluon beside chunk_state (checkpoints), T for W, two chains": lambda:
+            side_by_side(kernels["chunk_bwd_state transposed gluon, T for W, two chains"],
+                         kernels["chunk_state (checkpoints, T and v)"], q.device),
         "chunk_bwd_dqkwg": lambda **kw: chunk_bwd_dqkwg(
             q, k, v_new, h, dh, g, do, dv2, scale, CHUNK, chunk_offsets=offsets,
             dot_precision=prec, **idx, **kw),
@@ -594,7 +600,9 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS, device="cuda", dtype=t
                      "bwd state gluon, then chunk_state (checkpoints)",
                      "bwd state gluon beside chunk_state (checkpoints)",
                      "chunk_bwd_state transposed gluon, T for W",
-                     "bwd state gluon beside chunk_state (checkpoints), T for W"):
+                     "bwd state gluon beside chunk_state (checkpoints), T for W",
+                     "chunk_bwd_state transposed gluon, T for W, two chains",
+                     "bwd state gluon beside chunk_state (checkpoints), T for W, two chains"):
             del kernels[name]
     else:
         from gdn_fused.kernels.gluon_dqkwg import chunk_bwd_dqkwg_gluon
@@ -609,6 +617,10 @@ def bench_bwd_stages(B=1, T=32768, variants=BWD_VARIANTS, device="cuda", dtype=t
                                 chain_t=True)
         print("bwd state gluon, T for W, vs triton with W (dh, dv2), rel:",
               [f"{rel_diff(a, b):.2e}" for a, b in zip(got[:2], (dh, dv2))], flush=True)
+        two = chunk_bwd_state_t(q, k, Ai, beta_rows, do, dv_local, scale, dht, h0,
+                                chain_t=True, chains=2)
+        print("bwd state gluon, T for W, two chains a program: the one-chain bits:",
+              all(torch.equal(a, b) for a, b in zip(two, got) if a is not None), flush=True)
         got = chunk_state(k, Ai, v, G, h0, False, CHUNK, N, chunk_offsets=offsets,
                           num_chunks=idx["num_chunks"], dot_precision=prec, beta=beta)
         print("chunk_state, T and v, vs W and U (h, v_new), rel:",

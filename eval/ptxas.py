@@ -414,9 +414,9 @@ def _gluon_wu_bwd():
     return wu_bwd_gluon_kernel, sig, dict(H=16, HV=32, K=128, V=128, NKP=2, STAGES=STAGES)
 
 
-def _gluon_bwd_state(chain_t=False):
+def _gluon_bwd_state(chain_t=False, chains=1):
     """The backward's reverse state pass in Gluon (kernels/gluon_bwd_state.py), reading W or,
-    with ``chain_t``, T and the chain rows."""
+    with ``chain_t``, T and the chain rows; ``chains`` value blocks of a head a program."""
     from gdn_fused.kernels.gluon_bwd_state import (CHAIN_T_BLOCKS, DESCRIPTOR_BLOCKS, STAGES,
                                                    chunk_bwd_state_t_kernel)
     from gdn_fused.kernels.gluon_ring import descriptor_layout
@@ -429,7 +429,7 @@ def _gluon_bwd_state(chain_t=False):
     return chunk_bwd_state_t_kernel, sig, dict(H=16, HV=32, K=128, V=128,
                                                USE_FINAL_STATE_GRAD=True,
                                                STORE_INITIAL_STATE_GRAD=True, STAGES=STAGES,
-                                               CHAIN_T=chain_t)
+                                               CHAIN_T=chain_t, CHAINS=chains)
 
 
 def _gluon_wu():
@@ -467,6 +467,7 @@ def _kernels() -> dict:
     from gdn_fused.kernels.gluon_state import MAXNREG
     from gdn_fused.kernels.gluon_wu_bwd import MAXNREG as WU_BWD_MAXNREG
     from gdn_fused.kernels.gluon_bwd_state import MAXNREG as BWD_STATE_MAXNREG
+    from gdn_fused.kernels.gluon_bwd_state import MAXNREG_TWO_CHAINS as BWD_STATE_MAXNREG_CHAINS
     from gdn_fused.kernels.gluon_state_output import MAXNREG as FUSED_MAXNREG
     from gdn_fused.kernels.gluon_transposed import MAXNREG as T_MAXNREG
     from gdn_fused.kernels.gluon_transposed import MAXNREG_WU as T_MAXNREG_WU
@@ -529,6 +530,9 @@ def _kernels() -> dict:
                                              dict(num_warps=4, maxnreg=BWD_STATE_MAXNREG)),
         "chunk_bwd_state transposed gluon, T for W": (
             lambda: _gluon_bwd_state(True), dict(num_warps=4, maxnreg=BWD_STATE_MAXNREG)),
+        "chunk_bwd_state transposed gluon, T for W, two chains": (
+            lambda: _gluon_bwd_state(True, 2), dict(num_warps=4,
+                                                    maxnreg=BWD_STATE_MAXNREG_CHAINS)),
         "segment maps transposed gluon, W/U on chip": (
             lambda: _gluon_transposed_wu(False, True), dict(num_warps=4, maxnreg=T_MAXNREG_WU)),
         "state pass storing h transposed gluon (experimental)": (

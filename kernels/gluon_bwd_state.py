@@ -69,15 +69,30 @@ DESCRIPTOR_BLOCKS = dict(k=[CHUNK, HEAD_DIM], q=[CHUNK, HEAD_DIM], w=[CHUNK, HEA
 CHAIN_T_BLOCKS = dict(DESCRIPTOR_BLOCKS, w=[CHUNK, CHUNK], g=CHAIN_GATE_BLOCK)
 # the chain's warpgroup and the producer warp (padded to 4): 8 warps
 MAXNREG = 240
+# Both value blocks of a head in one program (CHAINS = 2), two chain warpgroups: off until
+# timed on the GPU (session 26 built it after the forward's two chains a program, whose chains
+# alone stepped 1.73× as fast as one a program; docs/speed_log.md). 4 + 1 + 4 warps padded
+# to 12 at 168 registers before setmaxnreg: the producer 24, chain 1 CHAIN_REGS, chain 0 the
+# rest (240 too)
+TWO_CHAINS = False
+MAXNREG_TWO_CHAINS = 168
+CHAIN_WARPS = gl.constexpr(4)
+CHAIN_REGS = gl.constexpr(240)
 
 
 @gluon.jit
-def _producer(descs, bufs, ready, empty, row0, NT, kcol, wcol, vcol, g_row):
-    """One warp: chunk NT − 1 − j's tiles into stage j % STAGES once the chain released it."""
+def _producer(descs, bufs, ready, empty, row0, NT, kcol, wcol, vcol, g_row, bufs1=None):
+    """One warp: chunk NT − 1 − j's tiles into stage j % STAGES once the chain(s) released it;
+    with ``bufs1`` (two chains a program) also dO's and dV'_local's second value block
+    (columns vcol + BV) into bufs1's two rings."""
     k_desc, q_desc, w_desc, do_desc, dvl_desc, g_desc = descs
     BT: gl.constexpr = k_desc.block_type.shape[0]
+    BVr: gl.constexpr = do_desc.block_type.shape[1]
     STAGES: gl.constexpr = bufs[0].type.shape[0]
-    nbytes: gl.constexpr = tile_bytes(descs)
+    if bufs1 is None:
+        nbytes: gl.constexpr = tile_bytes(descs)
+    else:
+        nbytes: gl.constexpr = tile_bytes(descs) + tile_bytes((do_desc, dvl_desc))
     for j in range(NT):
         i_t = NT - 1 - j
         s = j % STAGES
@@ -91,6 +106,10 @@ def _producer(descs, bufs, ready, empty, row0, NT, kcol, wcol, vcol, g_row):
         tma.async_copy_global_to_shared(do_desc, [row, vcol], bar, bufs[3].index(s))
         tma.async_copy_global_to_shared(dvl_desc, [row, vcol], bar, bufs[4].index(s))
         tma.async_copy_global_to_shared(g_desc, [g_row, i_t * BT], bar, bufs[5].index(s))
+        if bufs1 is not None:
+            tma.async_copy_global_to_shared(do_desc, [row, vcol + BVr], bar, bufs1[0].index(s))
+            tma.async_copy_global_to_shared(dvl_desc, [row, vcol + BVr], bar,
+                                            bufs1[1].index(s))
 
 
 @gluon.jit
@@ -138,11 +157,14 @@ def _chain(bufs, ready, empty, dh_tiles, dv_tiles, dh_desc, dv2_desc, dht, dh0, 
         o_op = gl.convert_layout((do_t * e_g[None, :]).to(gl.bfloat16), a_k)
         S = warpgroup_mma(o_op, q_bufs.index(s), dH * gam, is_async=True)
         # dh_c staged for its store, transposed to [K, BV] (the tile's store two chunks back
-        # must have read it: two stores a chunk)
+        # must have read it: two stores a chunk). With one dh_c tile (two chains a program:
+        # shared memory) the previous chunk's dh_c store must have read it; its dV' store,
+        # issued after it, may still run
         tile = j % 2
-        tma.store_wait(2)
+        DH_TILES: gl.constexpr = dh_tiles.type.shape[0]
+        tma.store_wait(2 if DH_TILES == 2 else 1)
         gl.thread_barrier()
-        dh_tiles.index(tile).permute((1, 0)).store(d16)
+        dh_tiles.index(j % DH_TILES).permute((1, 0)).store(d16)
         X, d_op = warpgroup_mma_wait(1, deps=[X, d_op])
         dv = dvl_bufs.index(s).permute((1, 0)).load(acc_t).to(gl.float32) + X * decay[None, :]
         dv16 = dv.to(gl.bfloat16)
@@ -166,7 +188,7 @@ def _chain(bufs, ready, empty, dh_tiles, dv_tiles, dh_desc, dv2_desc, dht, dh0, 
         gl.thread_barrier()
         mbarrier.arrive(empty.index(s), count=1)
         tma.async_copy_shared_to_global(dh_desc, [((i_n * NT + i_t) * HV + i_hv) * K,
-                                                  i_v * BVr], dh_tiles.index(tile))
+                                                  i_v * BVr], dh_tiles.index(j % DH_TILES))
         tma.async_copy_shared_to_global(dv2_desc, [i_n * T + i_t * BT, col],
                                         dv_tiles.index(tile))
         dH = S
@@ -181,9 +203,14 @@ def chunk_bwd_state_t_kernel(k_desc, q_desc, w_desc, do_desc, dvl_desc, g_desc, 
                              K: gl.constexpr, V: gl.constexpr,
                              USE_FINAL_STATE_GRAD: gl.constexpr,
                              STORE_INITIAL_STATE_GRAD: gl.constexpr, STAGES: gl.constexpr,
-                             CHAIN_T: gl.constexpr = False):
-    """Grid (V / BV, B·HV); with CHAIN_T, w_desc reads T ([C, C] tiles) and g_desc the chain
-    rows (four a head)."""
+                             CHAIN_T: gl.constexpr = False, CHAINS: gl.constexpr = 1):
+    """Grid (V / (CHAINS·BV), B·HV); with CHAIN_T, w_desc reads T ([C, C] tiles) and g_desc
+    the chain rows (four a head). CHAINS = 2 (V = 2·BV): both value blocks of a head in one
+    program, a chain warpgroup each (the second a worker beside the default partition),
+    sharing the ring's k, q, w and gate tiles, each with its own dO and dV'_local rings and
+    one dh_c staging tile (two dV' ones): 212 KB (``TWO_CHAINS``)."""
+    gl.static_assert(CHAINS == 1 or V == 2 * do_desc.block_type.shape[1],
+                     "two chains a program: both value blocks of a head, V = 2·BV")
     i_v, i_nh = gl.program_id(0), gl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
@@ -194,11 +221,30 @@ def chunk_bwd_state_t_kernel(k_desc, q_desc, w_desc, do_desc, dvl_desc, g_desc, 
     bufs = (ring_buffers(k_desc, STAGES), ring_buffers(q_desc, STAGES),
             ring_buffers(w_desc, STAGES), ring_buffers(do_desc, STAGES),
             ring_buffers(dvl_desc, STAGES), ring_buffers(g_desc, STAGES))
-    dh_tiles = gl.allocate_shared_memory(dh_desc.dtype, [2] + dh_desc.block_type.shape,
+    dh_tiles = gl.allocate_shared_memory(dh_desc.dtype, [3 - CHAINS] + dh_desc.block_type.shape,
                                          dh_desc.layout)
     dv_tiles = gl.allocate_shared_memory(dv2_desc.dtype, [2] + dv2_desc.block_type.shape,
                                          dv2_desc.layout)
-    ready, empty = ring_barriers(STAGES)
+    ready, empty = ring_barriers(STAGES, consumers=CHAINS)
+    if CHAINS == 2:
+        bufs1 = (ring_buffers(do_desc, STAGES), ring_buffers(dvl_desc, STAGES))
+        dh_tiles1 = gl.allocate_shared_memory(dh_desc.dtype, [1] + dh_desc.block_type.shape,
+                                              dh_desc.layout)
+        dv_tiles1 = gl.allocate_shared_memory(dv2_desc.dtype, [2] + dv2_desc.block_type.shape,
+                                              dv2_desc.layout)
+        gl.warp_specialize([
+            (_chain, (bufs, ready, empty, dh_tiles, dv_tiles, dh_desc, dv2_desc, dht, dh0, scale,
+                      T, NT, i_n, i_hv, 0, HV, K, V, USE_FINAL_STATE_GRAD,
+                      STORE_INITIAL_STATE_GRAD, CHAIN_T)),
+            (_producer, (descs, bufs, ready, empty, i_n * T, NT, i_h * K,
+                         i_hv * w_desc.block_type.shape[1], i_hv * V,
+                         i_nh * g_desc.block_type.shape[0], bufs1)),
+            (_chain, ((bufs[0], bufs[1], bufs[2], bufs1[0], bufs1[1], bufs[5]), ready, empty,
+                      dh_tiles1, dv_tiles1, dh_desc, dv2_desc, dht, dh0, scale, T, NT, i_n,
+                      i_hv, 1, HV, K, V, USE_FINAL_STATE_GRAD, STORE_INITIAL_STATE_GRAD,
+                      CHAIN_T)),
+        ], [LOAD_WARPS, CHAIN_WARPS], [LOAD_REGS, CHAIN_REGS])
+        return
     gl.warp_specialize([
         (_chain, (bufs, ready, empty, dh_tiles, dv_tiles, dh_desc, dv2_desc, dht, dh0, scale, T,
                   NT, i_n, i_hv, i_v, HV, K, V, USE_FINAL_STATE_GRAD,
@@ -210,7 +256,7 @@ def chunk_bwd_state_t_kernel(k_desc, q_desc, w_desc, do_desc, dvl_desc, g_desc, 
 
 
 def chunk_bwd_state_t(q, k, w, gate_rows, do, dv_local, scale, dht, initial_state,
-                      chain_t=False):
+                      chain_t=False, chains=None):
     """chunk_bwd_state's outputs where materialized.gluon_tiles_apply(q, do, 64, None) holds
     (the caller checks).
 
@@ -219,13 +265,17 @@ def chunk_bwd_state_t(q, k, w, gate_rows, do, dv_local, scale, dht, initial_stat
     [B·HV·R, ⌈T/64⌉·64] fp64 as chunk_cumsum(..., gate_rows=[]) (R = 1: G) or, with
     ``chain_t``, chunk_cumsum(..., gate_rows=[beta], chain_rows=True) (R = 4: G and the chain
     rows) lays them out, zero past T; do, dv_local [B, T, HV, 128] bf16; dht [B, HV, 128, 128] or None; initial_state (only
-    whether it is given: then dh0 is returned, in its dtype). Returns (dh [B·NT, HV, 128, 128]
-    bf16, dv2 like do, dh0 or None), as chunk_bwd_state. Raises ValueError for other shapes or
-    dtypes."""
+    whether it is given: then dh0 is returned, in its dtype); chains: 1 or 2 value blocks of
+    a head a program (None: 2 where TWO_CHAINS is on; the same bits either way). Returns
+    (dh [B·NT, HV, 128, 128] bf16, dv2 like do, dh0 or None), as chunk_bwd_state. Raises
+    ValueError for other shapes or dtypes, and for chains other than None, 1 or 2."""
     B, T, H, K = k.shape
     HV, V = do.shape[2], do.shape[3]
     NT = triton.cdiv(T, CHUNK)
     bf16 = torch.bfloat16
+    if chains not in (None, 1, 2):
+        raise ValueError(f"chunk_bwd_state_t: chains must be None, 1 or 2, got {chains!r}")
+    chains = chains or (2 if TWO_CHAINS else 1)
     check_heads("chunk_bwd_state_t", k, do, HEAD_DIM)
     state = (B, HV, K, V)
     R = 4 if chain_t else 1
@@ -249,11 +299,11 @@ def chunk_bwd_state_t(q, k, w, gate_rows, do, dv_local, scale, dht, initial_stat
     descs = [TensorDescriptor.from_tensor(
         x, blocks[n], gate_layout if n == "g" else descriptor_layout(blocks[n]))
         for n, x in views.items()]
-    direct.launch(chunk_bwd_state_t_kernel, (V // BV, B * HV), *descs, dht, dh0, float(scale),
-                  T, H=H, HV=HV, K=K, V=V, USE_FINAL_STATE_GRAD=dht is not None,
+    direct.launch(chunk_bwd_state_t_kernel, (V // (BV * chains), B * HV), *descs, dht, dh0,
+                  float(scale), T, H=H, HV=HV, K=K, V=V, USE_FINAL_STATE_GRAD=dht is not None,
                   STORE_INITIAL_STATE_GRAD=dh0 is not None, STAGES=STAGES, CHAIN_T=chain_t,
-                  num_warps=4,
-                  maxnreg=MAXNREG)
+                  CHAINS=chains, num_warps=4,
+                  maxnreg=MAXNREG_TWO_CHAINS if chains == 2 else MAXNREG)
     if dh0 is not None and dh0.dtype != initial_state.dtype:
         dh0 = dh0.to(initial_state.dtype)
     return dh, dv2, dh0

@@ -195,6 +195,49 @@ def test_reverse_pass_beside_recompute_same_bits_and_capturable(monkeypatch):
         True, q, wide) and not chunk_bwd.overlaps_recompute(False, q, v)
 
 
+@pytest.mark.parametrize("name, wgmma, maxnreg, shared_kb", [
+    ("chunk_bwd_state transposed gluon", 16, 240, 182),
+    ("chunk_bwd_state transposed gluon, T for W", 20, 240, 167),
+    # both value blocks of a head a program (TWO_CHAINS): two chains of 20 wgmma, 12 warps at
+    # 168 registers before setmaxnreg (240 a chain), one dh_c staging tile a chain: 212 KB
+    ("chunk_bwd_state transposed gluon, T for W, two chains", 40, 168, 213),
+])
+def test_reverse_pass_compiles_pipelined_without_spills(name, wgmma, maxnreg, shared_kb):
+    """The reverse pass's forms compile for sm_90a (no GPU needed) within one program an SM's
+    shared memory, with no spills, no register of a wgmma operand rewritten in flight and
+    every wgmma pipelined (ptxas serializes all of a kernel's when one role is short of
+    registers for its products in flight)."""
+    from gdn_fused.eval.ptxas import (_kernels, compile_for, register_operand_hazards,
+                                      report_of, sass)
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    build, options = _kernels()[name]
+    compiled = compile_for(*build(), **options)
+    r = report_of(compiled, **options)
+    assert options["maxnreg"] == maxnreg and r["registers"] <= maxnreg
+    assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
+    assert r["features"]["wgmma"] == wgmma and r["features"]["setmaxnreg"] > 0
+    assert not r["wgmma_serialized"], r["wgmma_serialized"]
+    assert r["shared"] <= shared_kb * 1024
+    assert register_operand_hazards(sass(compiled)) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_two_chains_give_the_one_chain_bits(case):
+    """Both value blocks of a head in one program (TWO_CHAINS, chains=2; T for W as the
+    backward runs it): dh, dv2 and dh0 the one-chain launch's bits (the same products on the
+    same operands; one dh_c staging tile a chain instead of two)."""
+    from gdn_fused.kernels.gluon_bwd_state import chunk_bwd_state_t
+    _, B, T, H, HV, gate, with_dht, with_h0 = case
+    q, k, w, g, G, rows, do, dv_local, dht, h0, _, _ = inputs(B, T, H, HV, gate, with_dht,
+                                                              with_h0, True)
+    one, two = (chunk_bwd_state_t(q, k, w, rows, do, dv_local, 128 ** -0.5, dht, h0,
+                                  chain_t=True, chains=c) for c in (1, 2))
+    assert all(torch.isfinite(x).all() for x in two if x is not None)
+    for name, a, b in zip(("dh", "dv2", "dh0"), two, one):
+        assert (a is None) == (b is None) and (a is None or torch.equal(a, b)), name
+
+
 def test_bad_operands_raise_before_launch():
     """Wrong shapes or dtypes give a ValueError naming the argument (no GPU needed)."""
     from gdn_fused.kernels.gluon_bwd_state import chunk_bwd_state_t
@@ -215,6 +258,8 @@ def test_bad_operands_raise_before_launch():
     # four chain rows are expected
     with pytest.raises(ValueError, match="Ai must have shape"):
         chunk_bwd_state_t(**args, chain_t=True)
+    with pytest.raises(ValueError, match="chains must be None, 1 or 2"):
+        chunk_bwd_state_t(**args, chains=3)
     for rows in (1, 2):
         with pytest.raises(ValueError, match="gate_rows must have shape"):
             chunk_bwd_state_t(**dict(args, w=torch.zeros(B, T, HV, 64, **bf),
