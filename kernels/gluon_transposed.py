@@ -205,7 +205,7 @@ T_ON_CHAIN = True
 TWO_CHAINS = True
 # A two-chain program's chunk step over a one-chain program's, both with the output (H200,
 # session 26, forward_t alone, per wave of programs: (8, 4096) 2.83 / 1.67 µs, (32, 2048)
-# 2.95 / 1.76 µs; docs/results/diag_two_chains_pair_2026-12-02_s26.log). 0 takes two chains
+# 2.96 / 1.76 µs; docs/results/diag_two_chains_pair_2026-12-02_s26.log). 0 takes two chains
 # wherever they apply (tests, A/B)
 TWO_CHAIN_STEP_RATIO = 1.7
 MAXNREG_TWO_OUTPUTS = 128
