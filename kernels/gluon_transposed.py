@@ -202,7 +202,8 @@ T_ON_CHAIN = True
 # products and conversions), and one program an SM fits (168 registers × 384 threads); a
 # second chain in the same program fills the gaps: H200, session 26, forward_t alone, the
 # chains without the output 245 µs at (8, 4096) against 424 for one chain a program.
-TWO_CHAINS = True
+# GDN_TWO_CHAINS=0 keeps one chain a program everywhere (the same bits).
+TWO_CHAINS = os.environ.get("GDN_TWO_CHAINS", "1") != "0"
 # A two-chain program's chunk step over a one-chain program's, both with the output (H200,
 # session 26, forward_t alone, per wave of programs: (8, 4096) 2.83 / 1.67 µs, (32, 2048)
 # 2.96 / 1.76 µs; docs/results/diag_two_chains_pair_2026-12-02_s26.log). 0 takes two chains
