@@ -685,6 +685,10 @@ def sweep_forward_t(shapes):
         w, u = recompute_w_u(k, v, G, beta, Ai, dot_precision="tf32")
         rows_g = gt._gate_rows([G], B, T, HV)
         stages = gt.NUM_STAGES
+        # forward_t's main launch, unsplit (one chain a program or two: the rows' flags below)
+        forward_t_launch = lambda: gt._launch(  # noqa: E731
+            q, k, Ai, v, rows_c, 0.1, h0, True, True, stages, 1, True, t_on_chain=True,
+            output_groups=1)
         roles = {  # _launch(..., output, num_stages, segments, wu, output_groups=...)
             "chain, W and U from HBM": lambda: gt._launch(
                 q, k, w, u, rows_g, 0.1, h0, True, False, stages, 1, False),
@@ -698,12 +702,9 @@ def sweep_forward_t(shapes):
                 q, k, w, u, rows_g, 0.1, h0, True, True, stages, 1, False, output_groups=2),
             "chain forming V' from T and v": lambda: gt._launch(
                 q, k, Ai, v, rows_c, 0.1, h0, True, False, stages, 1, True, t_on_chain=True),
-            "chain forming V' + one output warpgroup (forward_t, one chain)": lambda:
-                gt._launch(q, k, Ai, v, rows_c, 0.1, h0, True, True, stages, 1, True,
-                           t_on_chain=True, output_groups=1),
-            "two chains forming V' + one output warpgroup (forward_t, two chains)": lambda:
-                gt._launch(q, k, Ai, v, rows_c, 0.1, h0, True, True, stages, 1, True,
-                           t_on_chain=True, output_groups=1),
+            "chain forming V' + one output warpgroup (forward_t, one chain)": forward_t_launch,
+            "two chains forming V' + one output warpgroup (forward_t, two chains)":
+                forward_t_launch,
             "chain forming V' + two output warpgroups (forward_t to session 22)": lambda:
                 gt._launch(q, k, Ai, v, rows_c, 0.1, h0, True, True, stages, 1, True,
                            t_on_chain=True, output_groups=2),

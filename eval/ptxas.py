@@ -352,10 +352,11 @@ def _gluon_transposed_chain_t(output: bool = True, map_pass: bool = False):
                      "UPDATE_LO": STATE_UPDATE_LO, "LO_ABOVE": STATE_UPDATE_LO_ABOVE}
 
 
-def _chain_t_maxnreg():
-    """forward_t's register cap at launch, as gluon_transposed._launch sets it."""
+def _chain_t_maxnreg(chains: int = 1):
+    """forward_t's register cap at launch with ``chains`` chains a program, as
+    gluon_transposed._launch sets it."""
     from gdn_fused.kernels.gluon_transposed import CHAIN_OUTPUT_GROUPS, launch_maxnreg
-    return launch_maxnreg(False, CHAIN_OUTPUT_GROUPS)
+    return launch_maxnreg(False, CHAIN_OUTPUT_GROUPS, chains)
 
 
 def _gluon_transposed_chain_t_update(lo: bool, lo_above: float = -1.0):
@@ -472,7 +473,6 @@ def _kernels() -> dict:
     from gdn_fused.kernels.gluon_transposed import MAXNREG as T_MAXNREG
     from gdn_fused.kernels.gluon_transposed import MAXNREG_WU as T_MAXNREG_WU
     from gdn_fused.kernels.gluon_transposed import MAXNREG_TWO_OUTPUTS as T_MAXNREG_2
-    from gdn_fused.kernels.gluon_transposed import MAXNREG_TWO_CHAINS as T_MAXNREG_CHAINS
     from gdn_fused.kernels.gluon_wu import NUM_WARPS as WU_WARPS
     from gdn_fused.kernels.kkt_solve import MAXNREG_FROM_A, NUM_WARPS
     from gdn_fused.kernels.gluon_kkt_roles import LAUNCH_MAXNREG as ROLES_MAXNREG
@@ -516,10 +516,10 @@ def _kernels() -> dict:
             _gluon_transposed_chain_t_checkpoints, dict(num_warps=4,
                                                         maxnreg=_chain_t_maxnreg())),
         "forward transposed gluon, V' on the chain, two chains": (
-            _gluon_transposed_two_chains, dict(num_warps=4, maxnreg=T_MAXNREG_CHAINS)),
+            _gluon_transposed_two_chains, dict(num_warps=4, maxnreg=_chain_t_maxnreg(2))),
         "forward transposed gluon, V' on the chain, two chains, checkpoints": (
             lambda: _gluon_transposed_two_chains(True), dict(num_warps=4,
-                                                             maxnreg=T_MAXNREG_CHAINS)),
+                                                             maxnreg=_chain_t_maxnreg(2))),
         "segment 0's end state transposed gluon, V' on the chain": (
             lambda: _gluon_transposed_seg0_end(), dict(num_warps=4, maxnreg=T_MAXNREG)),
         "segment maps transposed gluon, V' on the chain": (

@@ -198,6 +198,16 @@ def _chain(bufs, ready, empty, dh_tiles, dv_tiles, dh_desc, dv2_desc, dht, dh0, 
 
 
 @gluon.jit
+def _staging_tiles(dh_desc, dv2_desc, DH_TILES: gl.constexpr):
+    """A chain's TMA staging tiles: DH_TILES of dh_c ([K, BV]) and two of dV' ([C, BV])."""
+    dh_tiles = gl.allocate_shared_memory(dh_desc.dtype, [DH_TILES] + dh_desc.block_type.shape,
+                                         dh_desc.layout)
+    dv_tiles = gl.allocate_shared_memory(dv2_desc.dtype, [2] + dv2_desc.block_type.shape,
+                                         dv2_desc.layout)
+    return dh_tiles, dv_tiles
+
+
+@gluon.jit
 def chunk_bwd_state_t_kernel(k_desc, q_desc, w_desc, do_desc, dvl_desc, g_desc, dv2_desc,
                              dh_desc, dht, dh0, scale, T, H: gl.constexpr, HV: gl.constexpr,
                              K: gl.constexpr, V: gl.constexpr,
@@ -221,17 +231,13 @@ def chunk_bwd_state_t_kernel(k_desc, q_desc, w_desc, do_desc, dvl_desc, g_desc, 
     bufs = (ring_buffers(k_desc, STAGES), ring_buffers(q_desc, STAGES),
             ring_buffers(w_desc, STAGES), ring_buffers(do_desc, STAGES),
             ring_buffers(dvl_desc, STAGES), ring_buffers(g_desc, STAGES))
-    dh_tiles = gl.allocate_shared_memory(dh_desc.dtype, [3 - CHAINS] + dh_desc.block_type.shape,
-                                         dh_desc.layout)
-    dv_tiles = gl.allocate_shared_memory(dv2_desc.dtype, [2] + dv2_desc.block_type.shape,
-                                         dv2_desc.layout)
+    # dh_c staging tiles a chain: two, or one with two chains (two would not fit: 244 KB)
+    DH_TILES: gl.constexpr = 2 if CHAINS == 1 else 1
+    dh_tiles, dv_tiles = _staging_tiles(dh_desc, dv2_desc, DH_TILES)
     ready, empty = ring_barriers(STAGES, consumers=CHAINS)
     if CHAINS == 2:
         bufs1 = (ring_buffers(do_desc, STAGES), ring_buffers(dvl_desc, STAGES))
-        dh_tiles1 = gl.allocate_shared_memory(dh_desc.dtype, [1] + dh_desc.block_type.shape,
-                                              dh_desc.layout)
-        dv_tiles1 = gl.allocate_shared_memory(dv2_desc.dtype, [2] + dv2_desc.block_type.shape,
-                                              dv2_desc.layout)
+        dh_tiles1, dv_tiles1 = _staging_tiles(dh_desc, dv2_desc, DH_TILES)
         gl.warp_specialize([
             (_chain, (bufs, ready, empty, dh_tiles, dv_tiles, dh_desc, dv2_desc, dht, dh0, scale,
                       T, NT, i_n, i_hv, 0, HV, K, V, USE_FINAL_STATE_GRAD,

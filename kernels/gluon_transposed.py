@@ -110,14 +110,13 @@ instructions a chunk, short enough for one output warpgroup to keep up with the 
 Two chains a program (``TWO_CHAINS``, session 26): where it takes fewer waves of step-times
 (:func:`two_chains_pay`: on the H200 (8, 4096), (32, 2048) and B·HV of 67–132, not 133–198,
 not the split (1, 32768) or (1, 2048)), the main launch runs both value blocks of a head in
-one program:
-chain 0 the default partition, chain 1 a worker warpgroup (184 registers each), their own v
-tiles and hand-off stages, the ring's q, k, T and gate tiles shared, and one output warpgroup
-for both (:func:`_output_pair_partition`, 120 registers): P formed once, both blocks' products
-in flight together, O stored from each block's V' tile. The chains alone step 1.73× as fast
-as one chain a program (forward_t without the output 245 against 424 µs at (8, 4096)); with
-the output, forward_t 427 → 359–366 µs at (8, 4096), 898–907 → 751–762 at (32, 2048); the
-same bits as one chain (H200; docs/fused_design.md, session 26).
+one program: chain 0 the default partition, chain 1 a worker warpgroup (184 registers
+each), their own v tiles and hand-off stages, the ring's q, k, T and gate tiles shared, and
+one output warpgroup for both (:func:`_output_pair_partition`, 120 registers): P formed once,
+both blocks' products in flight together, O stored from each block's V' tile. The chains
+alone step 1.73× as fast as one chain a program (forward_t without the output 245 against
+424 µs at (8, 4096)); with the output, forward_t 427 → 359–366 µs at (8, 4096), 898–907 →
+751–762 at (32, 2048); the same bits as one chain (H200; docs/fused_design.md, session 26).
 
 The W/U form (``WU``, ``forward_t(t_on_chain=False)``, the route from session 10 to 17): a
 fourth warpgroup forms each chunk's W and U from T and the ring's k and v (207 KB of shared
@@ -844,9 +843,8 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
     (kernels/pdl.py): wait for the previous grid (the inverse) before anything else. CHAINS =
     2 (CHAIN_T with the output, one output group, not the maps' or segment 0's state pass;
     V = 2·BV, grid axis 0 of size 1): both value blocks of a head in one program, two chain
-    warpgroups sharing the
-    ring's q, k, T and gate tiles (v's two blocks loaded apart) and one output warpgroup
-    forming P once for both (``TWO_CHAINS``)."""
+    warpgroups sharing the ring's q, k, T and gate tiles (v's two blocks loaded apart) and one
+    output warpgroup forming P once for both (``TWO_CHAINS``)."""
     if PDL:
         gl_wait_for_previous_grid()
     gl.static_assert(not (CHAIN_T and WU), "CHAIN_T replaces the W/U warpgroup")
@@ -1239,10 +1237,12 @@ def two_chains_pay(programs: int, sms: int, ratio: float = None) -> bool:
     return ratio * triton.cdiv(programs, sms) < triton.cdiv(2 * programs, sms)
 
 
-def launch_maxnreg(wu_warpgroup: bool, output_groups: int) -> int:
-    """The register cap a launch of chunk_state_output_t_kernel takes: with the W/U
-    warpgroup MAXNREG_WU, with two output warpgroups MAXNREG_TWO_OUTPUTS, else MAXNREG
-    (eval.ptxas compiles with the same)."""
+def launch_maxnreg(wu_warpgroup: bool, output_groups: int, chains: int = 1) -> int:
+    """The register cap a launch of chunk_state_output_t_kernel takes: with two chains a
+    program MAXNREG_TWO_CHAINS, with the W/U warpgroup MAXNREG_WU, with two output warpgroups
+    MAXNREG_TWO_OUTPUTS, else MAXNREG (eval.ptxas compiles with the same)."""
+    if chains == 2:
+        return MAXNREG_TWO_CHAINS
     if wu_warpgroup:
         return MAXNREG_WU
     return MAXNREG_TWO_OUTPUTS if output_groups == 2 else MAXNREG
@@ -1320,15 +1320,14 @@ def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_fina
     chains = 2 if (TWO_CHAINS and chain_t and output and output_groups == 1 and h is None
                    and not variant and V == 2 * BV
                    and two_chains_pay(B * HV * NS, sm_count(q.device))) else 1
-    maxnreg = (MAXNREG_TWO_CHAINS if chains == 2 else
-               launch_maxnreg(wu and not chain_t, output_groups))
     direct.launch(chunk_state_output_t_kernel, (V // (BV * chains), B * HV, NS),
                   *descs, o, h0, ht, float(scale), T, USE_INITIAL_STATE=h0 is not None,
                   STORE_FINAL_STATE=output_final_state, OUTPUT=output, MAP=False,
                   STORE_H=h is not None, h=h, OUT_GROUPS=output_groups, **(variant or {}),
                   checkpoints=checkpoints,
                   CKPT_EVERY=SEGMENT_CHUNKS if checkpoints is not None else 0,
-                  CHAINS=chains, maxnreg=maxnreg, **consts)
+                  CHAINS=chains,
+                  maxnreg=launch_maxnreg(wu and not chain_t, output_groups, chains), **consts)
     return (o if output or h is not None else None), ht
 
 
