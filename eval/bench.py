@@ -944,7 +944,7 @@ def _shapes(text: str) -> list[tuple[int, int]]:
 SWEEPS = {
     "fused": lambda shapes, bandwidth: sweep_fused(shapes),
     "kkt": lambda shapes, bandwidth: sweep_kkt_solve(bandwidth),
-    "bwd": lambda shapes, bandwidth: bench_bwd_stages(),
+    "bwd": lambda shapes, bandwidth: [bench_bwd_stages(B, T) for B, T in shapes],
     "launch": lambda shapes, bandwidth: sweep_launch(shapes),
     "stages": lambda shapes, bandwidth: bench_stages(),
     "forward_t": lambda shapes, bandwidth: sweep_forward_t(shapes),
@@ -973,8 +973,9 @@ def main(argv=None):
                    help="only sweep launch variants, then exit; PARTS (comma-separated, "
                         f"default all, run in this order): {', '.join(SWEEPS)} — fused: the "
                         "fused kernel's launch, segments and inverse placement at --shapes; "
-                        "kkt: kkt_solve register caps; bwd, stages: each backward and forward "
-                        "kernel's time at B=1, T=32768; forward_t: the fused route's kernel, "
+                        "kkt: kkt_solve register caps; bwd: each backward kernel's time at "
+                        "--shapes; stages: each forward kernel's time at B=1, T=32768; "
+                        "forward_t: the fused route's kernel, "
                         "its launch variants and its roles added one at a time at --shapes")
     args = p.parse_args(argv)
     parts = [x for x in args.sweep.split(",") if x] if args.sweep is not None else []

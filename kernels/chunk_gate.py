@@ -14,7 +14,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from gdn_fused.kernels import launch as direct
-from gdn_fused.kernels.chunk_index import chunk_head_grid, chunk_head_program
+from gdn_fused.kernels.chunk_index import chunk_head_grid, chunk_head_program, sm_count
 from gdn_fused.kernels.pdl import pdl_options
 from gdn_fused.reference import LOG_DECAY_MIN
 
@@ -65,73 +65,123 @@ def decay(b_D, valid):
     return tl.where(valid, tl.exp(tl.where(valid, b_D, 0.).to(tl.float32)), 0.)
 
 
+# value heads a program of the cumsum and gate-row kernels, at most: [C, 16] tiles of g, β and G
+# read and written as whole 64-byte (fp32) and 128-byte (fp64) row pieces. One head a program
+# read and wrote them 4 and 8 bytes a row apart: 36 µs at (1, 32768) and (8, 4096), HV = 32, on
+# the H200 (eval.kernel_times, session 27), 21.6 µs with 16 heads (the bytes: ~12 µs). Fewer
+# heads a program where that leaves too few programs (gate_heads)
+GATE_HEADS = 16
+
+
+def gate_heads(num_chunks: int, batch: int, num_value_heads: int, device) -> int:
+    """Value heads a program of the cumsum: the most, up to GATE_HEADS (a power of two), that
+    leave at least four programs an SM. H200, session 27 (fused forward graph, µs, 1 / 16 / 32
+    heads a program): (1, 32768) 784 / 756 / 753, (8, 4096) 568 / 554 / 545, (1, 2048) 74.6 /
+    78.3 / 79.3 (its 32 chunks: 1,024 programs at one head, 64 at 16)."""
+    heads = GATE_HEADS
+    while heads > 1 and (num_chunks * batch * triton.cdiv(num_value_heads, heads)
+                         < 4 * sm_count(device)):
+        heads //= 2
+    return heads
+
+
 @triton.jit
-def store_gate_rows(rows, b_G, beta, i_b, i_t, seqlen, T, i_hv, HV: tl.constexpr,
+def chunk_log_decays(g, bos, i_t, seqlen, o_h, HV: tl.constexpr, BT: tl.constexpr):
+    """G [C, BH] fp64 of chunk i_t for the value heads o_h [BH] (those ≥ HV read 0), as
+    chunk_log_decay for one."""
+    o_i = tl.arange(0, BT)
+    valid = ((i_t * BT + o_i) < seqlen)[:, None] & (o_h < HV)[None, :]
+    b_g = floored(tl.load(g + (bos + i_t * BT + o_i[:, None]) * HV + o_h[None, :], mask=valid,
+                          other=0.))
+    return tl.cumsum(b_g.to(tl.float64), axis=0)
+
+
+@triton.jit
+def store_gate_rows(rows, b_G, beta, i_b, i_t, seqlen, T, o_h, HV: tl.constexpr,
                     BT: tl.constexpr, ROWS: tl.constexpr):
-    """Chunk i_t's gate rows of head (i_b, i_hv) from its G [C] fp64 (sequence length seqlen,
-    dense batches of T tokens): the layout the Gluon state kernels read by TMA
-    (gluon_transposed._gate_rows), zero past the sequence end. ROWS 1: G; 2: G, β; 4 (the
-    chain rows of forward_t; a TMA box's rows are a power of two): G, then six fp32 rows
-    packed in three fp64 rows — β, e^G, the state update's decay e^{G_C − G}, γ = e^{G_C}
-    in each entry (the per-step gate math the chain otherwise redoes from G: the same fp64
-    differences and fp32 exponentials, so the same bits), G·log2(e) rounded once to fp32
-    (the output's exponents (G_i − G_j)·log2(e) as differences of these, in base 2, the
-    exponential's own base: fp32 instructions in place of fp64 ones, no multiply an entry;
-    error analysis in gluon_transposed._scaled_scores), and a row of zeros (the box's last)."""
+    """Chunk i_t's gate rows of the heads o_h [BH] of batch row i_b (those ≥ HV left alone)
+    from their G [C, BH] fp64 (sequence length seqlen, dense batches of T tokens): the layout
+    the Gluon state kernels read by TMA (gluon_transposed._gate_rows), zero past the sequence
+    end. ROWS 1: G; 2: G, β; 4 (the chain rows of forward_t; a TMA box's rows are a power of
+    two): G, then six fp32 rows packed in three fp64 rows — β, e^G, the state update's decay
+    e^{G_C − G}, γ = e^{G_C} in each entry (the per-step gate math the chain otherwise redoes
+    from G: the same fp64 differences and fp32 exponentials, so the same bits), G·log2(e)
+    rounded once to fp32 (the output's exponents (G_i − G_j)·log2(e) as differences of these,
+    in base 2, the exponential's own base: fp32 instructions in place of fp64 ones, no
+    multiply an entry; error analysis in gluon_transposed._scaled_scores), and a row of zeros
+    (the box's last)."""
     NTC = tl.cdiv(T, BT) * BT
     o_i = tl.arange(0, BT)
-    valid = i_t * BT + o_i < seqlen
-    p_row = rows + (i_b * HV + i_hv) * ROWS * NTC + i_t * BT + o_i
-    tl.store(p_row, tl.where(valid, b_G, 0.))
+    valid_i = i_t * BT + o_i < seqlen
+    valid = valid_i[:, None] & (o_h < HV)[None, :]
+    heads = (o_h < HV)[None, :] & (o_i >= 0)[:, None]
+    row0 = (i_b * HV + o_h[None, :]).to(tl.int64) * ROWS * NTC
+    p_row = rows + row0 + i_t * BT + o_i[:, None]
+    tl.store(p_row, tl.where(valid, b_G, 0.), mask=heads)
     if ROWS > 1:
-        b_beta = tl.load(beta + (i_b * T + i_t * BT + o_i) * HV + i_hv, mask=valid, other=0.)
+        b_beta = tl.load(beta + (i_b * T + i_t * BT + o_i[:, None]) * HV + o_h[None, :],
+                         mask=valid, other=0.)
         if ROWS == 2:
-            tl.store(p_row + NTC, b_beta.to(tl.float64))
+            tl.store(p_row + NTC, b_beta.to(tl.float64), mask=heads)
         else:
             # fp64 row r's entries of chunk i_t are fp32 entries [2·i_t·C, 2·i_t·C + 2C) of
             # that row: two fp32 rows of C a chunk
-            p32 = (rows + (i_b * HV + i_hv) * ROWS * NTC).to(tl.pointer_type(tl.float32),
-                                                             bitcast=True)
-            p32 += 2 * i_t * BT + o_i
-            G_last = tl.sum(tl.where(o_i == tl.minimum(seqlen - i_t * BT, BT) - 1, b_G, 0.), 0)
-            tl.store(p32 + 2 * NTC, b_beta.to(tl.float32))
-            tl.store(p32 + 2 * NTC + BT, decay(b_G, valid))
-            tl.store(p32 + 4 * NTC, decay(G_last - b_G, valid))
-            tl.store(p32 + 4 * NTC + BT, tl.zeros([BT], tl.float32) +
-                     tl.exp(G_last.to(tl.float32)))
-            L = tl.where(valid, b_G * tl.full([BT], LOG2E, tl.float64), 0.)
-            tl.store(p32 + 6 * NTC, L.to(tl.float32))
-            tl.store(p32 + 6 * NTC + BT, tl.zeros([BT], tl.float32))
+            p32 = (rows + row0).to(tl.pointer_type(tl.float32), bitcast=True)
+            p32 += 2 * i_t * BT + o_i[:, None]
+            last = tl.minimum(seqlen - i_t * BT, BT) - 1
+            G_last = tl.sum(tl.where(o_i[:, None] == last, b_G, 0.), 0)
+            tl.store(p32 + 2 * NTC, b_beta.to(tl.float32), mask=heads)
+            tl.store(p32 + 2 * NTC + BT, decay(b_G, valid), mask=heads)
+            tl.store(p32 + 4 * NTC, decay(G_last[None, :] - b_G, valid), mask=heads)
+            tl.store(p32 + 4 * NTC + BT, tl.zeros([BT, 1], tl.float32) +
+                     tl.exp(G_last.to(tl.float32))[None, :], mask=heads)
+            L = tl.where(valid, b_G * tl.full([BT, 1], LOG2E, tl.float64), 0.)
+            tl.store(p32 + 6 * NTC, L.to(tl.float32), mask=heads)
+            tl.store(p32 + 6 * NTC + BT, tl.zeros([BT, 1], tl.float32), mask=heads)
+
+
+@triton.jit
+def gate_program(T, cu_seqlens, chunk_indices, HV: tl.constexpr, BH: tl.constexpr,
+                 BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """(chunk index in its sequence, batch row, the value heads [BH], first token row, sequence
+    length) of a program on chunk_head_grid(NT, B, cdiv(HV, BH)): BH heads a program."""
+    NHB: tl.constexpr = (HV + BH - 1) // BH
+    # chunk_head_program's value head is the head block here
+    i_t, i_hb, _, bos, seqlen = chunk_head_program(T, cu_seqlens, chunk_indices, NHB, NHB, BT,
+                                                   IS_VARLEN)
+    return i_t, bos // T, i_hb * BH + tl.arange(0, BH), bos, seqlen
 
 
 @triton.jit
 def chunk_cumsum_kernel(g, G, beta, rows, cu_seqlens, chunk_indices, T, HV: tl.constexpr,
                         BT: tl.constexpr, IS_VARLEN: tl.constexpr, ROWS: tl.constexpr,
-                        PDL: tl.constexpr = False):
-    """G (and the gate rows) of chunk i_t of a head. PDL (kernels/pdl.py): wait for the
+                        BH: tl.constexpr, PDL: tl.constexpr = False):
+    """G (and the gate rows) of chunk i_t of BH value heads. PDL (kernels/pdl.py): wait for the
     previous grid first, then let the next one (the inverse) start."""
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
-    i_t, i_hv, _, bos, seqlen = chunk_head_program(T, cu_seqlens, chunk_indices, HV, HV, BT,
-                                                   IS_VARLEN)
-    b_G = chunk_log_decay(g, bos, i_t, seqlen, i_hv, HV, BT)
-    p_G = tl.make_block_ptr(G + bos * HV + i_hv, (seqlen,), (HV,), (i_t * BT,), (BT,), (0,))
-    tl.store(p_G, b_G, boundary_check=(0,))
+    i_t, i_b, o_h, bos, seqlen = gate_program(T, cu_seqlens, chunk_indices, HV, BH, BT,
+                                              IS_VARLEN)
+    b_G = chunk_log_decays(g, bos, i_t, seqlen, o_h, HV, BT)
+    o_i = tl.arange(0, BT)
+    tl.store(G + (bos + i_t * BT + o_i[:, None]) * HV + o_h[None, :], b_G,
+             mask=((i_t * BT + o_i) < seqlen)[:, None] & (o_h < HV)[None, :])
     if ROWS > 0:
         # dense batches only (bos = i_b · T)
-        store_gate_rows(rows, b_G, beta, bos // T, i_t, seqlen, T, i_hv, HV, BT, ROWS)
+        store_gate_rows(rows, b_G, beta, i_b, i_t, seqlen, T, o_h, HV, BT, ROWS)
 
 
 @triton.jit
 def gate_rows_kernel(G, beta, rows, T, HV: tl.constexpr, BT: tl.constexpr,
-                     ROWS: tl.constexpr):
+                     ROWS: tl.constexpr, BH: tl.constexpr):
     """The gate rows of a dense batch from G itself (store_gate_rows)."""
-    i_t, i_hv, _, bos, seqlen = chunk_head_program(T, None, None, HV, HV, BT, False)
+    i_t, i_b, o_h, bos, seqlen = gate_program(T, None, None, HV, BH, BT, False)
     o_i = tl.arange(0, BT)
-    b_G = tl.load(G + (bos + i_t * BT + o_i) * HV + i_hv, mask=i_t * BT + o_i < seqlen,
+    b_G = tl.load(G + (bos + i_t * BT + o_i[:, None]) * HV + o_h[None, :],
+                  mask=((i_t * BT + o_i) < seqlen)[:, None] & (o_h < HV)[None, :],
                   other=0.).to(tl.float64)
-    store_gate_rows(rows, b_G, beta, bos // T, i_t, seqlen, T, i_hv, HV, BT, ROWS)
+    store_gate_rows(rows, b_G, beta, i_b, i_t, seqlen, T, o_h, HV, BT, ROWS)
 
 
 def _row_count(fn, g, gate_rows, chain_rows):
@@ -173,9 +223,10 @@ def chunk_cumsum(g, chunk_size, cu_seqlens=None, chunk_indices=None, num_chunks=
                              "cu_seqlens")
         R, beta = _row_count("chunk_cumsum", g, gate_rows, chain_rows)
         rows = G.new_empty(B * HV * R, NT * chunk_size)
-    direct.launch(chunk_cumsum_kernel, chunk_head_grid(NT, B, HV), g, G, beta, rows,
-                  cu_seqlens, chunk_indices, T, HV=HV, BT=chunk_size,
-                  IS_VARLEN=cu_seqlens is not None, ROWS=R, **pdl_options(g.device))
+    BH = gate_heads(NT, B, HV, g.device)
+    direct.launch(chunk_cumsum_kernel, chunk_head_grid(NT, B, triton.cdiv(HV, BH)), g, G, beta,
+                  rows, cu_seqlens, chunk_indices, T, HV=HV, BT=chunk_size,
+                  IS_VARLEN=cu_seqlens is not None, ROWS=R, BH=BH, **pdl_options(g.device))
     return G if gate_rows is None else (G, rows)
 
 
@@ -188,6 +239,8 @@ def gate_rows_from(G, gate_rows, chain_rows=False, chunk_size=64):
     # fp64 whatever G's dtype: store_gate_rows' offsets count 8-byte entries
     rows = G.new_empty(B * HV * R, triton.cdiv(T, chunk_size) * chunk_size,
                        dtype=torch.float64)
-    direct.launch(gate_rows_kernel, chunk_head_grid(triton.cdiv(T, chunk_size), B, HV),
-                  G.contiguous(), beta, rows, T, HV=HV, BT=chunk_size, ROWS=R)
+    NT = triton.cdiv(T, chunk_size)
+    BH = gate_heads(NT, B, HV, G.device)
+    direct.launch(gate_rows_kernel, chunk_head_grid(NT, B, triton.cdiv(HV, BH)), G.contiguous(),
+                  beta, rows, T, HV=HV, BT=chunk_size, ROWS=R, BH=BH)
     return rows

@@ -164,11 +164,46 @@ def test_composed_segment_states_are_the_sequential_ones():
         assert rel_err(h[s], h_ref) <= 1e-6
 
 
-@pytest.mark.parametrize("T", [64, 100, 1])
-def test_gate_rows_written_by_chunk_cumsum_are_the_laid_out_ones(T, monkeypatch):
-    """chunk_cumsum(..., gate_rows=...) writes in its launch what _gate_rows lays out from G
-    (and β) with torch: the same fp64 rows, zero past T (partial last chunk, B = 2, HV = 3)."""
+@pytest.mark.parametrize("heads", [1, 4, 16])
+@pytest.mark.parametrize("HV", [3, 20])
+def test_chunk_cumsum_is_each_chunks_cumsum(HV, heads, monkeypatch):
+    """G from chunk_cumsum (``heads`` value heads a program, as chunk_gate.gate_heads picks
+    them: 16 leave the second of HV = 20's blocks part empty) is torch's fp64 cumsum within
+    each chunk, dense (partial last chunk) and packed (an empty sequence, sequences starting
+    mid-chunk), with g floored at LOG_DECAY_MIN."""
+    from gdn_fused.kernels import chunk_gate
     from gdn_fused.kernels.chunk_gate import chunk_cumsum
+    monkeypatch.setattr(chunk_gate, "gate_heads", lambda *shape: heads)
+    from gdn_fused.kernels.chunk_index import chunk_layout
+    from gdn_fused.reference import LOG_DECAY_MIN
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    C = 64
+    g = torch.nn.functional.logsigmoid(torch.randn(2, 150, HV, device=device))
+    g[0, 7, 0] = -float("inf")
+
+    def ref(x):   # [T, HV] → per-chunk fp64 cumsum
+        x = x.double().clamp(min=LOG_DECAY_MIN)
+        return torch.cat([c.cumsum(0) for c in x.split(C)])
+    G = chunk_cumsum(g, C)
+    want = torch.stack([ref(g[b]) for b in range(2)])
+    torch.testing.assert_close(G, want, rtol=1e-15, atol=0)
+    cu = torch.tensor([0, 70, 70, 300], device=device)
+    gp = g.reshape(1, 300, HV)
+    _, _, idx = chunk_layout(cu, 1, C)
+    G = chunk_cumsum(gp, C, **idx)
+    want = torch.cat([ref(gp[0, a:b]) for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())])
+    torch.testing.assert_close(G[0], want, rtol=1e-15, atol=0)
+
+
+@pytest.mark.parametrize("heads", [1, 16])
+@pytest.mark.parametrize("T", [64, 100, 1])
+def test_gate_rows_written_by_chunk_cumsum_are_the_laid_out_ones(T, heads, monkeypatch):
+    """chunk_cumsum(..., gate_rows=...) writes in its launch what _gate_rows lays out from G
+    (and β) with torch: the same fp64 rows, zero past T (partial last chunk, B = 2, HV = 3,
+    one value head a program and 16, most of them past HV)."""
+    from gdn_fused.kernels import chunk_gate
+    from gdn_fused.kernels.chunk_gate import chunk_cumsum
+    monkeypatch.setattr(chunk_gate, "gate_heads", lambda *shape: heads)
     B, HV = 2, 3
     device = "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.nn.functional.logsigmoid(torch.randn(B, T, HV, device=device))
@@ -197,16 +232,19 @@ def test_gate_rows_written_by_chunk_cumsum_are_the_laid_out_ones(T, monkeypatch)
     assert torch.equal(rows, gluon_transposed._gate_rows([G, wide[..., 1]], B, T, HV))
 
 
+@pytest.mark.parametrize("heads", [1, 16])
 @pytest.mark.parametrize("T", [128, 100, 1])
-def test_chain_rows_are_the_gate_math_of_the_chain(T, monkeypatch):
+def test_chain_rows_are_the_gate_math_of_the_chain(T, heads, monkeypatch):
     """chunk_cumsum(..., gate_rows=[beta], chain_rows=True): G and, per chunk, β, e^G, the
     update's decay e^{G_C − G}, γ = e^{G_C}, G·log2(e) rounded to fp32 for the output's
     exponents and a row of zeros (fp32: the exponent rounded to fp32 as the
     chain rounded it, the differences taken in fp64; within 2e-5 of torch's exp of it, the
     fast exponential's error at exponents down to −87), zero past T where the chain must
     see no gate (β, e^G, decay), and the rows gate_rows_from lays out from G (B = 2, HV = 3,
-    strong gates so that e^G underflows within a chunk)."""
+    strong gates so that e^G underflows within a chunk; ``heads`` value heads a program)."""
+    from gdn_fused.kernels import chunk_gate
     from gdn_fused.kernels.chunk_gate import chunk_cumsum, gate_rows_from
+    monkeypatch.setattr(chunk_gate, "gate_heads", lambda *shape: heads)
     B, HV, C = 2, 3, 64
     device = "cuda" if torch.cuda.is_available() else "cpu"
     g = -4 * torch.rand(B, T, HV, device=device)
