@@ -50,7 +50,7 @@ from gdn_fused.eval.ptxas import compile_for
 from gdn_fused.kernels.chunk_gate import chunk_cumsum_kernel
 sig = {"g": "*fp32", "G": "*fp64", "beta": "*fp32", "rows": "*fp64", "cu_seqlens": "*i32",
        "chunk_indices": "*i32", "T": "i32"}
-c = compile_for(chunk_cumsum_kernel, sig, dict(HV=32, BT=64, IS_VARLEN=True, ROWS=4,
+c = compile_for(chunk_cumsum_kernel, sig, dict(HV=32, BT=64, IS_VARLEN=True, ROWS=4, BH=16,
                                                PDL=True), num_warps=4, launch_pdl=True)
 print(c.asm["ptx"])
 """
