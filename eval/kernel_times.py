@@ -70,12 +70,14 @@ def print_timeline(label, rows, width=60):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shapes", default="1:32768,8:4096,1:8192,1:2048",
-                   help="B:T,B:T,... (default: %(default)s)")
+    p.add_argument("--shapes", default="1:32768,8:4096,1:8192,1:2048", type=_shapes,
+                   help="'anchors' or B:T,B:T,... (default: %(default)s)")
     p.add_argument("--backward", action="store_true",
                    help="also forward + backward of the same call")
     args = p.parse_args(argv)
-    for B, T in _shapes(args.shapes):
+    if not torch.cuda.is_available():
+        p.error("the kernel timeline needs a CUDA device")
+    for B, T in args.shapes:
         for backward in (False, True) if args.backward else (False,):
             rows = timeline(_call(B, T, backward))
             print_timeline(f"fused {'forward + backward' if backward else 'forward'} "

@@ -101,6 +101,8 @@ A_FILE = Path(__file__).resolve().parents[1] / "pyproject.toml"  # a file that i
     ("ncu_sass", ["/nonexistent/ncu.csv"], "cannot read"),
     ("ncu_sass", [str(A_FILE)], "holds no ncu source page"),
     ("inverse_accuracy", ["--out", str(A_FILE)], "is a file"),
+    ("kernel_times", ["--shapes", "1:x"], "--shapes"),
+    ("kernel_times", [], "CUDA"),
 ])
 def test_eval_scripts_refuse_bad_arguments_before_any_work(module, argv, message, capsys,
                                                           monkeypatch):
@@ -134,3 +136,15 @@ def test_lm_eval_adapter_without_lm_eval_says_how_to_get_it():
     assert r.returncode == 0 and "--backend" in r.stdout and "lm-eval[hf]" in r.stdout
     with pytest.raises(ModuleNotFoundError, match="lm-eval"):
         importlib.import_module("gdn_fused.eval.lm_eval_adapter")
+
+
+def test_kernel_timeline_table(capsys):
+    """eval.kernel_times prints one row a kernel (long names cut with an ellipsis) and the span
+    from the first start to the last end in its heading."""
+    from gdn_fused.eval.kernel_times import print_timeline
+    print_timeline("fused forward B=1 T=64", [("chunk_cumsum_kernel", 7, 0.0, 21.6),
+                                               ("x" * 80, 16, 25.0, 250.5)])
+    out = capsys.readouterr().out
+    assert "2 kernels, 250.5 µs first start to last end" in out
+    assert "| chunk_cumsum_kernel | 7 | 0.0 | 21.6 | 21.6 |" in out
+    assert "| " + "x" * 59 + "… | 16 | 25.0 | 250.5 | 225.5 |" in out
