@@ -497,6 +497,13 @@ def uses_warp_specialized(q, v, chunk_size, cu_seqlens) -> bool:
     return WARP_SPECIALIZED and uses_state_output_kernel(q, v, chunk_size, cu_seqlens)
 
 
+# segment 1's inverse, beside segment 0's state pass, launched with programmatic dependent launch
+# (kernels/pdl.py) after segment 0's. Session 27 suspects (docs/fused_design.md) that its
+# programs then start early when the host is ahead, and keep the state pass from its SMs:
+# False launches it plainly, for the A/B that would tell (scripts/ab_flag.py)
+SEGMENT1_INVERSE_PDL = True
+
+
 def inverse_cut(B: int, T: int, HV: int, device: torch.device, chunk_size: int = 64) -> int:
     """Tokens of segment 0 whose T the Hopper route solves before segment 0's state pass alone,
     the rest of T being solved beside that pass (:data:`SPLIT_INVERSE`, B = 1, where forward_t
@@ -554,15 +561,15 @@ def _route(q, k, v, g, beta, initial_state, scale, output_final_state, chunk_siz
         Ai = torch.empty(B, T, HV, chunk_size, dtype=default_inverse_dtype(q.dtype),
                          device=q.device)
 
-        def inverse(a, b):
+        def inverse(a, b, pdl=True):
             # the one-warp kernel: the four-role one (gluon_kkt_solve.ROLES) measured slower
             # beside the state pass, (1, 32768) 764 → 823 µs
             kkt_solve_from_k_gluon(k[:, a:b], G[:, a:b], beta[:, a:b], HV, Ai.dtype,
-                                   out=Ai[:, a:b], roles=False)
+                                   out=Ai[:, a:b], roles=False, pdl=pdl)
         inverse(0, cut)
 
         def rest():
-            inverse(cut, T)
+            inverse(cut, T, SEGMENT1_INVERSE_PDL)
     else:
         G, Ai, rows = gates_and_inverse(k, g, beta, HV, chunk_size,
                                         default_inverse_dtype(q.dtype), {},

@@ -596,7 +596,7 @@ def uses_roles(device, heads, staged_gates, roles=None):
 def kkt_solve_from_k_gluon(k, G, beta, num_value_heads, output_dtype=torch.float32,
                            cu_seqlens=None, chunk_indices=None, num_chunks=None, maxnreg=None,
                            shared_keys=None, staged_gates=None, swizzled=None, out=None,
-                           roles=None):
+                           roles=None, pdl=True):
     """T = (I + strictLower(diag(β)(Γ ⊙ K Kᵀ)))⁻¹ per chunk of 64 on a CUDA GPU (sm_80 or
     later), A formed on chip and never written: k [B, T, H, K] fp16/bf16 with K a power of two
     in [16, 256], G [B, T, HV] chunk-cumulated (fp64 from chunk_cumsum), beta [B, T, HV]; returns
@@ -613,7 +613,8 @@ def kkt_solve_from_k_gluon(k, G, beta, num_value_heads, output_dtype=torch.float
     (kernels/gluon_kkt_roles.py, at its own register caps, so maxnreg does not apply; None:
     :data:`ROLES`; the same bits, :func:`uses_roles`); out: a contiguous [B, T, HV, 64] tensor
     of ``output_dtype`` to write T into (a view of a longer sequence's T: the fused forward
-    solves its two segments' chunks in two launches), or None for a new one."""
+    solves its two segments' chunks in two launches), or None for a new one; pdl: False
+    launches it plainly where programmatic dependent launch would apply (kernels/pdl.py)."""
     B, T, H, K = k.shape
     if k.dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"kkt_solve_from_k_gluon: k must be fp16 or bf16, got {k.dtype}")
@@ -640,7 +641,7 @@ def kkt_solve_from_k_gluon(k, G, beta, num_value_heads, output_dtype=torch.float
             k, G, beta, Ai, cu_seqlens, chunk_indices, T, B * HV // 2, H=H, HV=HV, K=K, KA=KA,
             KEYS_SMEM=keys_smem, IS_VARLEN=cu_seqlens is not None, SWIZZLED=swizzled,
             num_warps=gluon_kkt_roles.STAGE_WARPS, maxnreg=gluon_kkt_roles.LAUNCH_MAXNREG,
-            **pdl_options(k.device))
+            **(pdl_options(k.device) if pdl else {}))
         return Ai
     direct.launch(
         kkt_solve_from_k_gluon_kernel, (NT * B * HV // heads,),
@@ -648,5 +649,5 @@ def kkt_solve_from_k_gluon(k, G, beta, num_value_heads, output_dtype=torch.float
         KEYS=keys, KEYS_SMEM=keys_smem, IS_VARLEN=cu_seqlens is not None, HEADS=heads,
         STAGED_GATES=staged, SWIZZLED=swizzled,
         num_warps=NUM_WARPS, **({} if maxnreg is None else {"maxnreg": maxnreg}),
-        **pdl_options(k.device))
+        **(pdl_options(k.device) if pdl else {}))
     return Ai

@@ -72,6 +72,25 @@ def test_no_pdl_options_off_hopper():
     assert pdl_options(torch.device("cpu")) == {}
 
 
+def test_inverse_launched_plainly_when_asked(monkeypatch):
+    """kkt_solve_from_k_gluon(pdl=False) (segment 1's inverse under
+    fused_fwd.SEGMENT1_INVERSE_PDL = False) launches without PDL where PDL applies; by default
+    with it (the launch is caught, nothing runs)."""
+    from gdn_fused.kernels import gluon_kkt_solve
+    launches = []
+    monkeypatch.setattr(gluon_kkt_solve, "pdl_options",
+                        lambda device: dict(PDL=True, launch_pdl=True))
+    monkeypatch.setattr(gluon_kkt_solve.direct, "launch",
+                        lambda kernel, grid, *args, **kw: launches.append(kw))
+    k = torch.zeros(1, 64, 1, 128, dtype=torch.bfloat16)
+    G, beta = torch.zeros(1, 64, 2, dtype=torch.float64), torch.zeros(1, 64, 2)
+    for pdl in (True, False):
+        gluon_kkt_solve.kkt_solve_from_k_gluon(k, G, beta, 2, torch.bfloat16, pdl=pdl,
+                                               roles=False)
+    assert [("launch_pdl" in kw, kw.get("PDL", False)) for kw in launches] == \
+        [(True, True), (False, False)]
+
+
 @pytest.mark.gpu
 def test_fused_forward_same_bits_with_and_without_pdl(monkeypatch):
     """PDL changes when programs start, not what they compute: o and the final state equal
