@@ -74,11 +74,11 @@ GATE_HEADS = 16
 
 
 def gate_heads(num_chunks: int, batch: int, num_value_heads: int, device) -> int:
-    """Value heads a program of the cumsum: the most, up to GATE_HEADS (a power of two), that
-    leave at least four programs an SM. H200, session 27 (fused forward graph, µs, 1 / 16 / 32
+    """Value heads a program of the cumsum: the most, up to GATE_HEADS and to HV's next power
+    of two, that leave at least four programs an SM. H200, session 27 (fused forward graph, µs, 1 / 16 / 32
     heads a program): (1, 32768) 784 / 756 / 753, (8, 4096) 568 / 554 / 545, (1, 2048) 74.6 /
     78.3 / 79.3 (its 32 chunks: 1,024 programs at one head, 64 at 16)."""
-    heads = GATE_HEADS
+    heads = min(GATE_HEADS, triton.next_power_of_2(num_value_heads))
     while heads > 1 and (num_chunks * batch * triton.cdiv(num_value_heads, heads)
                          < 4 * sm_count(device)):
         heads //= 2

@@ -187,6 +187,9 @@ def test_chunk_cumsum_is_each_chunks_cumsum(HV, heads, monkeypatch):
     G = chunk_cumsum(g, C)
     want = torch.stack([ref(g[b]) for b in range(2)])
     torch.testing.assert_close(G, want, rtol=1e-15, atol=0)
+    with monkeypatch.context() as one:   # one head a program: the same bits
+        one.setattr(chunk_gate, "gate_heads", lambda *shape: 1)
+        assert torch.equal(chunk_cumsum(g, C), G)
     cu = torch.tensor([0, 70, 70, 300], device=device)
     gp = g.reshape(1, 300, HV)
     _, _, idx = chunk_layout(cu, 1, C)
@@ -195,16 +198,17 @@ def test_chunk_cumsum_is_each_chunks_cumsum(HV, heads, monkeypatch):
     torch.testing.assert_close(G[0], want, rtol=1e-15, atol=0)
 
 
-@pytest.mark.parametrize("heads", [1, 16])
+@pytest.mark.parametrize("heads,HV", [(1, 3), (16, 3), (4, 5), (16, 20)])
 @pytest.mark.parametrize("T", [64, 100, 1])
-def test_gate_rows_written_by_chunk_cumsum_are_the_laid_out_ones(T, heads, monkeypatch):
+def test_gate_rows_written_by_chunk_cumsum_are_the_laid_out_ones(T, heads, HV, monkeypatch):
     """chunk_cumsum(..., gate_rows=...) writes in its launch what _gate_rows lays out from G
-    (and β) with torch: the same fp64 rows, zero past T (partial last chunk, B = 2, HV = 3,
-    one value head a program and 16, most of them past HV)."""
+    (and β) with torch: the same fp64 rows, zero past T (partial last chunk, B = 2; ``heads``
+    value heads a program: one, 16 of which most are past HV, and two blocks of which the
+    second is part empty)."""
     from gdn_fused.kernels import chunk_gate
     from gdn_fused.kernels.chunk_gate import chunk_cumsum
     monkeypatch.setattr(chunk_gate, "gate_heads", lambda *shape: heads)
-    B, HV = 2, 3
+    B = 2
     device = "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.nn.functional.logsigmoid(torch.randn(B, T, HV, device=device))
     beta = torch.rand(B, T, HV, device=device, dtype=torch.float16)
@@ -232,20 +236,21 @@ def test_gate_rows_written_by_chunk_cumsum_are_the_laid_out_ones(T, heads, monke
     assert torch.equal(rows, gluon_transposed._gate_rows([G, wide[..., 1]], B, T, HV))
 
 
-@pytest.mark.parametrize("heads", [1, 16])
+@pytest.mark.parametrize("heads,HV", [(1, 3), (16, 3), (16, 20)])
 @pytest.mark.parametrize("T", [128, 100, 1])
-def test_chain_rows_are_the_gate_math_of_the_chain(T, heads, monkeypatch):
+def test_chain_rows_are_the_gate_math_of_the_chain(T, heads, HV, monkeypatch):
     """chunk_cumsum(..., gate_rows=[beta], chain_rows=True): G and, per chunk, β, e^G, the
     update's decay e^{G_C − G}, γ = e^{G_C}, G·log2(e) rounded to fp32 for the output's
     exponents and a row of zeros (fp32: the exponent rounded to fp32 as the
     chain rounded it, the differences taken in fp64; within 2e-5 of torch's exp of it, the
     fast exponential's error at exponents down to −87), zero past T where the chain must
-    see no gate (β, e^G, decay), and the rows gate_rows_from lays out from G (B = 2, HV = 3,
-    strong gates so that e^G underflows within a chunk; ``heads`` value heads a program)."""
+    see no gate (β, e^G, decay), and the rows gate_rows_from lays out from G (B = 2, strong
+    gates so that e^G underflows within a chunk; ``heads`` value heads a program, HV = 20
+    leaving the second block part empty)."""
     from gdn_fused.kernels import chunk_gate
     from gdn_fused.kernels.chunk_gate import chunk_cumsum, gate_rows_from
     monkeypatch.setattr(chunk_gate, "gate_heads", lambda *shape: heads)
-    B, HV, C = 2, 3, 64
+    B, C = 2, 64
     device = "cuda" if torch.cuda.is_available() else "cpu"
     g = -4 * torch.rand(B, T, HV, device=device)
     beta = torch.rand(B, T, HV, device=device, dtype=torch.float16)
@@ -289,6 +294,19 @@ def test_chain_rows_are_the_gate_math_of_the_chain(T, heads, monkeypatch):
     assert rows32.dtype == torch.float64 and rows32.shape == rows.shape
     assert torch.equal(rows32.view(B, HV, 4, NT * C)[:, :, 0],
                        pad(G.float().double().permute(0, 2, 1)))
+
+
+def test_gate_heads():
+    """The cumsum's value heads a program: 16 where that still leaves four programs an SM
+    (132 on the CPU, the H200's), fewer at short sequences, never more than HV's next power
+    of two."""
+    from gdn_fused.kernels.chunk_gate import gate_heads
+    cpu = torch.device("cpu")
+    assert gate_heads(512, 1, 32, cpu) == 16     # (1, 32768): 1,024 programs
+    assert gate_heads(128, 1, 32, cpu) == 4      # (1, 8192)
+    assert gate_heads(32, 1, 32, cpu) == 1       # (1, 2048)
+    assert gate_heads(2048, 1, 6, cpu) == 8      # HV = 6: eight lanes, two of them masked
+    assert gate_heads(1, 1, 32, cpu) == 1
 
 
 def test_num_segments():
