@@ -58,6 +58,8 @@ def timeline(fn, warmup=3):
 
 
 def print_timeline(label, rows, width=60):
+    """A markdown table of :func:`timeline`'s rows under a heading with ``label``, the kernel
+    count and the span from the first start to the last end; names cut to ``width``."""
     print(f"## {label}: {len(rows)} kernels, "
           f"{max((r[3] for r in rows), default=0):.1f} µs first start to last end", flush=True)
     print("| kernel | stream | start µs | end µs | µs |")

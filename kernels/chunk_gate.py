@@ -75,9 +75,9 @@ GATE_HEADS = 16
 
 def gate_heads(num_chunks: int, batch: int, num_value_heads: int, device) -> int:
     """Value heads a program of the cumsum: the most, up to GATE_HEADS and to HV's next power
-    of two, that leave at least four programs an SM. H200, session 27 (fused forward graph, µs, 1 / 16 / 32
-    heads a program): (1, 32768) 784 / 756 / 753, (8, 4096) 568 / 554 / 545, (1, 2048) 74.6 /
-    78.3 / 79.3 (its 32 chunks: 1,024 programs at one head, 64 at 16)."""
+    of two, that leave at least four programs an SM. H200, session 27 (fused forward graph,
+    µs, 1 / 16 / 32 heads a program): (1, 32768) 784 / 756 / 753, (8, 4096) 568 / 554 / 545,
+    (1, 2048) 74.6 / 78.3 / 79.3 (its 32 chunks: 1,024 programs at one head, 64 at 16)."""
     heads = min(GATE_HEADS, triton.next_power_of_2(num_value_heads))
     while heads > 1 and (num_chunks * batch * triton.cdiv(num_value_heads, heads)
                          < 4 * sm_count(device)):
@@ -86,11 +86,17 @@ def gate_heads(num_chunks: int, batch: int, num_value_heads: int, device) -> int
 
 
 @triton.jit
+def rows_and_heads(i_t, seqlen, o_h, HV: tl.constexpr, BT: tl.constexpr):
+    """[C, BH] mask of chunk i_t's rows before the sequence end and the heads o_h below HV."""
+    return ((i_t * BT + tl.arange(0, BT)) < seqlen)[:, None] & (o_h < HV)[None, :]
+
+
+@triton.jit
 def chunk_log_decays(g, bos, i_t, seqlen, o_h, HV: tl.constexpr, BT: tl.constexpr):
     """G [C, BH] fp64 of chunk i_t for the value heads o_h [BH] (those ≥ HV read 0), as
     chunk_log_decay for one."""
     o_i = tl.arange(0, BT)
-    valid = ((i_t * BT + o_i) < seqlen)[:, None] & (o_h < HV)[None, :]
+    valid = rows_and_heads(i_t, seqlen, o_h, HV, BT)
     b_g = floored(tl.load(g + (bos + i_t * BT + o_i[:, None]) * HV + o_h[None, :], mask=valid,
                           other=0.))
     return tl.cumsum(b_g.to(tl.float64), axis=0)
@@ -112,9 +118,8 @@ def store_gate_rows(rows, b_G, beta, i_b, i_t, seqlen, T, o_h, HV: tl.constexpr,
     (the box's last)."""
     NTC = tl.cdiv(T, BT) * BT
     o_i = tl.arange(0, BT)
-    valid_i = i_t * BT + o_i < seqlen
-    valid = valid_i[:, None] & (o_h < HV)[None, :]
-    heads = (o_h < HV)[None, :] & (o_i >= 0)[:, None]
+    valid = rows_and_heads(i_t, seqlen, o_h, HV, BT)
+    heads = (o_h < HV)[None, :]   # every row of these heads' chunk is written: zeros past T
     row0 = (i_b * HV + o_h[None, :]).to(tl.int64) * ROWS * NTC
     p_row = rows + row0 + i_t * BT + o_i[:, None]
     tl.store(p_row, tl.where(valid, b_G, 0.), mask=heads)
@@ -166,7 +171,7 @@ def chunk_cumsum_kernel(g, G, beta, rows, cu_seqlens, chunk_indices, T, HV: tl.c
     b_G = chunk_log_decays(g, bos, i_t, seqlen, o_h, HV, BT)
     o_i = tl.arange(0, BT)
     tl.store(G + (bos + i_t * BT + o_i[:, None]) * HV + o_h[None, :], b_G,
-             mask=((i_t * BT + o_i) < seqlen)[:, None] & (o_h < HV)[None, :])
+             mask=rows_and_heads(i_t, seqlen, o_h, HV, BT))
     if ROWS > 0:
         # dense batches only (bos = i_b · T)
         store_gate_rows(rows, b_G, beta, i_b, i_t, seqlen, T, o_h, HV, BT, ROWS)
@@ -179,8 +184,7 @@ def gate_rows_kernel(G, beta, rows, T, HV: tl.constexpr, BT: tl.constexpr,
     i_t, i_b, o_h, bos, seqlen = gate_program(T, None, None, HV, BH, BT, False)
     o_i = tl.arange(0, BT)
     b_G = tl.load(G + (bos + i_t * BT + o_i[:, None]) * HV + o_h[None, :],
-                  mask=((i_t * BT + o_i) < seqlen)[:, None] & (o_h < HV)[None, :],
-                  other=0.).to(tl.float64)
+                  mask=rows_and_heads(i_t, seqlen, o_h, HV, BT), other=0.).to(tl.float64)
     store_gate_rows(rows, b_G, beta, i_b, i_t, seqlen, T, o_h, HV, BT, ROWS)
 
 
