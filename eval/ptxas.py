@@ -391,26 +391,6 @@ def _gluon_transposed_chain_t_checkpoints():
     return fn, {**sig, "checkpoints": "*fp32"}, {**consts, "CKPT_EVERY": SEGMENT_CHUNKS}
 
 
-def _gluon_lookahead(checkpoints: bool = False):
-    """forward_t's one-chain main launch with the lookahead chain (kernels/gluon_lookahead.py,
-    experimental): the ring's T and v tiles, the chain rows, the keys in a ring of their own."""
-    from gdn_fused.kernels.chunk_state import SEGMENT_CHUNKS
-    from gdn_fused.kernels.gluon_lookahead import forward_lookahead_kernel
-    from gdn_fused.kernels.gluon_ring import descriptor_layout
-    from gdn_fused.kernels.gluon_transposed import (CHAIN_GATE_BLOCK, CHAIN_GATE_LAYOUT,
-                                                    STATE_UPDATE_LO, STATE_UPDATE_LO_ABOVE)
-    blocks = dict(q=[64, 128], k=[64, 128], t=[64, 64], v=[64, 64], o=[64, 64])
-    sig = {f"{n}_desc": tensordesc("bf16", b, descriptor_layout(b)) for n, b in blocks.items()}
-    sig.update(g_desc=tensordesc("fp64", CHAIN_GATE_BLOCK, CHAIN_GATE_LAYOUT), o="*bf16",
-               h0="*fp32", ht="*fp32", scale="fp32", T="i32")
-    consts = dict(H=16, HV=32, K=128, V=128, USE_INITIAL_STATE=True, STORE_FINAL_STATE=True,
-                  NS=1, STAGES=2, UPDATE_LO=STATE_UPDATE_LO, LO_ABOVE=STATE_UPDATE_LO_ABOVE)
-    if checkpoints:
-        sig["checkpoints"] = "*fp32"
-        consts["CKPT_EVERY"] = SEGMENT_CHUNKS
-    return forward_lookahead_kernel, sig, consts
-
-
 def _gluon_dqkwg():
     """The backward's dq/dk/dw/dg kernel in Gluon (kernels/gluon_dqkwg.py)."""
     from gdn_fused.kernels.gluon_dqkwg import (DESCRIPTOR_BLOCKS, STAGES,
@@ -477,9 +457,7 @@ HOPPER_ONLY = ("chunk_state gluon (experimental)", "chunk_state+output gluon (ex
                "chunk_bwd_state transposed gluon", "chunk_bwd_state transposed gluon, T for W",
                "segment maps transposed gluon, W/U on chip",
                "state pass storing h transposed gluon (experimental)",
-               "state+output transposed gluon, two output groups",
-               "forward transposed gluon, lookahead chain (experimental)",
-               "forward transposed gluon, lookahead chain, checkpoints (experimental)")
+               "state+output transposed gluon, two output groups")
 ARCHS = (80, 86, 89, 90)
 
 
@@ -542,10 +520,6 @@ def _kernels() -> dict:
         "forward transposed gluon, V' on the chain, two chains, checkpoints": (
             lambda: _gluon_transposed_two_chains(True), dict(num_warps=4,
                                                              maxnreg=_chain_t_maxnreg(2))),
-        "forward transposed gluon, lookahead chain (experimental)": (
-            _gluon_lookahead, dict(num_warps=4, maxnreg=T_MAXNREG)),
-        "forward transposed gluon, lookahead chain, checkpoints (experimental)": (
-            lambda: _gluon_lookahead(True), dict(num_warps=4, maxnreg=T_MAXNREG)),
         "segment 0's end state transposed gluon, V' on the chain": (
             lambda: _gluon_transposed_seg0_end(), dict(num_warps=4, maxnreg=T_MAXNREG)),
         "segment maps transposed gluon, V' on the chain": (

@@ -1298,16 +1298,6 @@ def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_fina
             h_in[0].zero_()
 
         def seg0_end():
-            from gdn_fused.kernels import gluon_lookahead
-            if gluon_lookahead.LOOKAHEAD_STATE_PASS and chain_t and checkpoints is None:
-                direct.launch(gluon_lookahead.forward_lookahead_kernel, (V // BV, B * HV, 1),
-                              *descs, o, h_in, h_in, float(scale), T,
-                              H=H, HV=HV, K=K, V=V,
-                              USE_INITIAL_STATE=True, STORE_FINAL_STATE=False, NS=2,
-                              STAGES=num_stages, UPDATE_LO=consts["UPDATE_LO"],
-                              LO_ABOVE=consts["LO_ABOVE"], OUTPUT=False, SEG0_END=True,
-                              num_warps=4, maxnreg=MAXNREG, **pdl_options(q.device))
-                return
             direct.launch(chunk_state_output_t_kernel, (V // BV, B * HV, 1), *descs, o, h_in,
                           h_in, float(scale), T, USE_INITIAL_STATE=True,
                           STORE_FINAL_STATE=False, OUTPUT=False, MAP=False, SEG0_END=True,
@@ -1330,18 +1320,6 @@ def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_fina
     chains = 2 if (TWO_CHAINS and chain_t and output and output_groups == 1 and h is None
                    and not variant and V == 2 * BV
                    and two_chains_pay(B * HV * NS, sm_count(q.device))) else 1
-    from gdn_fused.kernels import gluon_lookahead  # (it imports this module's helpers)
-    if (gluon_lookahead.LOOKAHEAD and chains == 1 and chain_t and output
-            and output_groups == 1 and h is None and not variant):
-        # the one-chain main launch with the lookahead chain (experimental)
-        direct.launch(gluon_lookahead.forward_lookahead_kernel, (V // BV, B * HV, NS), *descs,
-                      o, h0, ht, float(scale), T, H=H, HV=HV, K=K, V=V,
-                      USE_INITIAL_STATE=h0 is not None, STORE_FINAL_STATE=output_final_state,
-                      NS=NS, STAGES=num_stages, checkpoints=checkpoints,
-                      CKPT_EVERY=SEGMENT_CHUNKS if checkpoints is not None else 0,
-                      UPDATE_LO=consts["UPDATE_LO"], LO_ABOVE=consts["LO_ABOVE"], num_warps=4,
-                      maxnreg=MAXNREG, **pdl_options(q.device))
-        return o, ht
     direct.launch(chunk_state_output_t_kernel, (V // (BV * chains), B * HV, NS),
                   *descs, o, h0, ht, float(scale), T, USE_INITIAL_STATE=h0 is not None,
                   STORE_FINAL_STATE=output_final_state, OUTPUT=output, MAP=False,

@@ -591,7 +591,7 @@ def test_forward_with_w_u_on_chip(B, T, H, HV, gate, segments):
 
 
 def _chain_form_in_torch(q, k, v, G, beta, Ai, scale, h0, round_h=True, round_x=True,
-                         lo_above=math.inf, lookahead=False):
+                         lo_above=math.inf):
     """forward_t's chain form (CHAIN_T) in torch with the kernel's roundings, a chunk at a
     time (dense batches whose T is a multiple of 64, or B = 1): h_c = bf16(S); X = bf16(β (V −
     e^G (K h_c))); V' = T X in fp32; S ← e^{G_C} S + Kᵀ bf16(e^{G_C − G} V'); O = scale e^G
@@ -601,10 +601,7 @@ def _chain_form_in_torch(q, k, v, G, beta, Ai, scale, h0, round_h=True, round_x=
     final state fp32). round_h, round_x: False leaves h_c, X in fp32 (what each rounding
     costs); lo_above: the update takes e^{G_C − G} V' as its bf16 high and low halves, two
     products, in the chunks whose γ = e^{G_C} exceeds it, as the kernel does with
-    STATE_UPDATE_LO (gluon_transposed.STATE_UPDATE_LO_ABOVE; inf: never, −1: every chunk);
-    lookahead: K S of every chunk but the first from the previous chunk's terms, as
-    kernels/gluon_lookahead.py forms it: K_j bf16(γ_{j−1} S_{j−1}) + bf16(K_j K_{j−1}ᵀ)
-    bf16(d_{j−1}) (+ the same with d's low half where the update took it)."""
+    STATE_UPDATE_LO (gluon_transposed.STATE_UPDATE_LO_ABOVE; inf: never, −1: every chunk)."""
     B, T, H, K = q.shape
     HV, V, C = v.shape[2], v.shape[3], 64
     NT = -(-T // C)
@@ -621,7 +618,6 @@ def _chain_form_in_torch(q, k, v, G, beta, Ai, scale, h0, round_h=True, round_x=
     o = torch.empty(B, NT * C, HV, V, device=q.device)
     was = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
-    previous = None   # (K, γ S, d, whether the update took d's low half) of the last chunk
     try:
         for c in range(NT):
             rows = slice(c * C, (c + 1) * C)
@@ -633,19 +629,11 @@ def _chain_form_in_torch(q, k, v, G, beta, Ai, scale, h0, round_h=True, round_x=
             g_last = g[..., n - 1:n]
             valid = (torch.arange(C, device=q.device) < n)
             h16 = rh(S)
-            if lookahead and previous is not None:
-                K_prev, gS, d_prev, low = previous
-                C_prev = f32(Kc @ K_prev.transpose(-1, -2))
-                KS = Kc @ f32(gS) + C_prev @ f32(d_prev)
-                KS = KS + torch.where(low, C_prev @ f32(d_prev - f32(d_prev)), 0.)
-            else:
-                KS = Kc @ h16
-            X = rx((Vc - torch.exp(g.float()).unsqueeze(-1) * KS) * b.unsqueeze(-1))
+            X = rx((Vc - torch.exp(g.float()).unsqueeze(-1) * (Kc @ h16)) * b.unsqueeze(-1))
             Vn = Tc @ X
             decay = torch.where(valid, torch.exp((g_last - g).float()), 0.)
             d = Vn * decay.unsqueeze(-1)
             gam = torch.exp(g_last.float()).unsqueeze(-1)               # [B, HV, 1, 1]
-            previous = (Kc, gam * S, d, gam > lo_above)
             S = gam * S + Kc.transpose(-1, -2) @ f32(d)
             S = S + torch.where(gam > lo_above, Kc.transpose(-1, -2) @ f32(d - f32(d)), 0.)
             incl = torch.tril(torch.ones(C, C, dtype=torch.bool, device=q.device)) & \
