@@ -8,10 +8,9 @@ lookahead (docs/fused_design.md, session 27) forms it from the previous step's t
 (with the update's low half d − bf16(d) as a second product where the update takes it), so
 that the first term can run beside the previous step's V' product (built in session 28, commit
 9e5e2cb, and measured slower on the H200: docs/fused_design.md, session 28). This prints the
-final
-state's error against the fp64 recurrence for the shipped twin and for the lookahead with C_j
-rounded to bf16 and kept in fp32, at g = 0 over 8,192 tokens (where the state error binds),
-at γ = 0.6 a chunk and with normal gates (B = 1, H = 2, HV = 4, K = V = 128, bf16).
+final state's error against the fp64 recurrence for the shipped twin and for the lookahead
+with C_j rounded to bf16 and kept in fp32, at g = 0 over 8,192 tokens (where the state error
+binds), at γ = 0.6 a chunk and with normal gates (B = 1, H = 2, HV = 4, K = V = 128, bf16).
 
     TRITON_INTERPRET=1 PYTHONPATH=$PWD python scripts/lookahead_twin.py
 """
