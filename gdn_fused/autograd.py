@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import torch
 from torch.autograd import forward_ad
-from torch.autograd.function import once_differentiable
 
 from gdn_fused.reference import LOG_DECAY_MIN, chunk_gated_delta_rule_ref, l2norm
 
@@ -98,16 +97,49 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
         return o, ht
 
     @staticmethod
-    @once_differentiable  # a gradient of these gradients raises instead of coming out silently 0
     def backward(ctx, do, dht):
         from gdn_fused.kernels.chunk_bwd import chunk_gated_delta_rule_bwd
         q, k, v, g, beta, h0, cu_seqlens, Ai, checkpoints = ctx.saved_tensors
-        grads = chunk_gated_delta_rule_bwd(q, k, v, g, beta, ctx.scale, h0, do, dht, cu_seqlens,
-                                           ctx.chunk_size, ctx.cu_seqlens_cpu, Ai=Ai,
-                                           checkpoints=checkpoints)
-        dq, dk, dv, dg, dbeta, dh0 = (d if need else None
-                                      for d, need in zip(grads, ctx.needs_input_grad[:6]))
-        return dq, dk, dv, dg, dbeta, dh0, None, None, None, None, None, None, None, None
+        with torch.no_grad():
+            grads = chunk_gated_delta_rule_bwd(q, k, v, g, beta, ctx.scale, h0, do, dht,
+                                               cu_seqlens, ctx.chunk_size, ctx.cu_seqlens_cpu,
+                                               Ai=Ai, checkpoints=checkpoints)
+        grads = [d if need else None for d, need in zip(grads, ctx.needs_input_grad[:6])]
+        return (*_first_order_only(grads), None, None, None, None, None, None, None, None)
+
+
+class _FirstOrderOnly(torch.autograd.Function):
+    """The Triton backward's gradients, passed through; differentiating them raises."""
+
+    @staticmethod
+    def forward(ctx, *grads):
+        return tuple(d.view_as(d) for d in grads)
+
+    @staticmethod
+    def backward(ctx, *unused):
+        raise RuntimeError(
+            "chunk_gated_delta_rule: the materialized and fused backends' backward is "
+            "first-order only (Triton kernels); differentiating their gradients (a gradient "
+            "penalty, create_graph=True) needs backend='torch'")
+
+
+def _first_order_only(grads):
+    """``grads`` as they are, or, when the backward runs with create_graph=True (grad mode
+    on), behind a node whose backward raises. torch's @once_differentiable attaches such a
+    node only where an incoming gradient requires grad, so a loss linear in o (a gradient
+    penalty on (o · W).sum()) dropped the penalty's terms silently (new-user trial, session
+    28); here every gradient of a first-order-only backward carries it."""
+    if not torch.is_grad_enabled():
+        return grads
+    kept = [i for i, d in enumerate(grads) if d is not None]
+    if not kept:
+        return grads
+    out = _FirstOrderOnly.apply(*(grads[i].detach().requires_grad_() for i in kept))
+    out = out if isinstance(out, tuple) else (out,)
+    grads = list(grads)
+    for i, d in zip(kept, out):
+        grads[i] = d
+    return grads
 
 
 def chunk_gated_delta_rule_triton(q, k, v, g, beta, scale, initial_state, output_final_state,

@@ -254,23 +254,32 @@ def test_gradient_of_one_input_without_final_state():
 
 
 @pytest.mark.parametrize("backend", ["materialized", "fused"])
-def test_second_order_gradients_raise(backend):
+@pytest.mark.parametrize("loss", ["quadratic", "linear"])
+def test_second_order_gradients_raise(backend, loss):
     """The Triton backends' backward is first-order only: differentiating its gradients
     raises (it returned them without a graph before, so a gradient penalty came out silently
-    wrong: new-user trial, session 14); first-order gradients under create_graph=True still
-    come out; the torch backend differentiates twice."""
+    wrong: new-user trial, session 14), also where the loss is linear in o, whose incoming
+    gradient needs no graph (torch's @once_differentiable let that case drop the penalty's
+    terms silently: new-user trial, session 28); first-order gradients under
+    create_graph=True still come out; the torch backend differentiates twice, and a
+    gradient penalty through it moves k's gradient (so the raise is not about a zero term)."""
     xs, do, dht, cu = inputs(CASES[4], torch.float32, "cpu")
     q, k, v, g, b, h = [x.detach().clone() for x in xs]
     v.requires_grad_()
+    k.requires_grad_()
     for be in (backend, "torch"):
         o, _ = chunk_gated_delta_rule(q, k, v, g, b, initial_state=h, chunk_size=32, backend=be)
-        (gv,) = torch.autograd.grad((o * do).sum() + o.pow(2).sum(), v, create_graph=True)
+        main = (o * do).sum() + (o.pow(2).sum() if loss == "quadratic" else 0)
+        (gv,) = torch.autograd.grad(main, v, create_graph=True)
         if be == "torch":
-            (ggv,) = torch.autograd.grad(gv.pow(2).sum(), v)
-            assert ggv.abs().sum() > 0
+            # (o is linear in v: with a linear loss gv does not depend on v, only on k)
+            ggv, gk_penalty = torch.autograd.grad(gv.pow(2).sum(), (v, k), allow_unused=True)
+            assert gk_penalty.abs().sum() > 0
+            assert loss == "linear" or ggv.abs().sum() > 0
         else:
             first = gv.detach().clone()
-            with pytest.raises(RuntimeError, match="once_differentiable"):
+            assert gv.requires_grad
+            with pytest.raises(RuntimeError, match="first-order only"):
                 gv.pow(2).sum().backward()
     assert rel_err(first, gv.detach()) <= 1e-4  # the same first-order gradient either way
 
