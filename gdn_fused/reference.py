@@ -94,6 +94,28 @@ def _apply_inverse(A, kb, vb, solve_method, solve_iters):
     return T @ kb, T @ vb
 
 
+class _LogDecayPairs(torch.autograd.Function):
+    """D_ij = G_i − G_j, G the cumulative sum of g [..., C] over its last dim, whose backward
+    forms dg_t = Σ_{j < t ≤ i} dD_ij − Σ_{i < t ≤ j} dD_ij from the pairs that span token t
+    alone (the Triton backward's gate gradient, kernels/chunk_gate_bwd.py, in torch): the
+    chain rule through G would add every pair at both its ends and let the reverse cumsum
+    cancel them, leaving rounding of O(1) terms where dg is ~e^{−40}."""
+
+    @staticmethod
+    def forward(ctx, g):
+        G = g.cumsum(-1)
+        return G[..., :, None] - G[..., None, :]
+
+    @staticmethod
+    def backward(ctx, dD):
+        def spanning(X):
+            # Σ_{i ≥ t} Σ_{j < t} X_ij for each t (0 for t = 0)
+            R = X.flip(-2).cumsum(-2).flip(-2).cumsum(-1)
+            t = torch.arange(1, X.shape[-1], device=X.device)
+            return torch.cat([torch.zeros_like(R[..., :1, 0]), R[..., t, t - 1]], -1)
+        return spanning(dD) - spanning(dD.transpose(-1, -2))
+
+
 def chunk_gated_delta_rule_ref(q, k, v, g, beta, scale=None, initial_state=None,
                                output_final_state=True, cu_seqlens=None,
                                use_qk_l2norm_in_kernel=False, chunk_size=64, solve_method=None,
@@ -116,7 +138,6 @@ def chunk_gated_delta_rule_ref(q, k, v, g, beta, scale=None, initial_state=None,
     dtype, dev = v.dtype, v.device
     eye = torch.eye(C, dtype=dtype, device=dev)
     strict = torch.ones(C, C, dtype=torch.bool, device=dev).tril(-1)
-    incl = torch.ones(C, C, dtype=torch.bool, device=dev).tril()
     outs, finals = [], []
     for n, (b, bos, eos) in enumerate(segs):
         S = h0[n]  # [HV, K, V]
@@ -132,16 +153,26 @@ def chunk_gated_delta_rule_ref(q, k, v, g, beta, scale=None, initial_state=None,
         bc = chunks(beta.unsqueeze(-1)).squeeze(-1)
         # G and its differences in fp64, exponentials in the compute dtype (as the kernels):
         # a difference of fp32 prefix sums would lose ulp(|G|) after a very negative gate
-        G64 = gc.to(torch.float64).cumsum(-1)  # [HV, NT, C]
+        g64 = gc.to(torch.float64)
+        G64 = g64.cumsum(-1)  # [HV, NT, C]
         G = G64.to(dtype)
-        diff = (G64[..., :, None] - G64[..., None, :]).to(dtype)
+        # G_i − G_j with a gradient in g that sums only the pairs spanning each token
+        # (_LogDecayPairs), and Γ's diagonal a constant 1: as plain differences of G, a pair
+        # sends +x and −x to G_i and G_j, which dg's reverse cumsum cancels only to an ulp of
+        # x where the true dg is ~e^{−40} (strong decay: new-user trial, session 28)
+        diff = _LogDecayPairs.apply(g64).to(dtype)
         gamma_strict = torch.exp(torch.where(strict, diff, torch.full_like(diff, -torch.inf)))
-        gamma_incl = torch.exp(torch.where(incl, diff, torch.full_like(diff, -torch.inf)))
+        gamma_incl = gamma_strict + eye
         A = eye + bc[..., :, None] * gamma_strict * (kc @ kc.transpose(-1, -2))
         W, U = _apply_inverse(A, (bc * G.exp())[..., None] * kc, bc[..., None] * vc,
                               solve_method, solve_iters)
         attn = gamma_incl * (qc @ kc.transpose(-1, -2))
-        decay_out = (G64[..., -1:] - G64).to(dtype).exp()  # exp(G_C - G_i) ≤ 1
+        # exp(G_C − G_i) ≤ 1 from the suffix sums Σ_{t>i} g_t, for the same reason: the last
+        # row's factor is then a constant 1 (as are the padded rows' of a partial chunk),
+        # not exp(G_C − G_C)
+        after = torch.cat([g64[..., 1:].flip(-1).cumsum(-1).flip(-1),
+                           torch.zeros_like(g64[..., :1])], -1)
+        decay_out = after.to(dtype).exp()
         o_chunks = []
         for c in range(G.shape[1]):
             v_new = U[:, c] - W[:, c] @ S
