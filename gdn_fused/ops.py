@@ -103,7 +103,11 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
         solve_method: the kkt_solve inverse (seed 001, Table 2): "blocked" (default, stable);
             the Triton backends also take "mxr" and "newton_schulz", the torch backend every
             method of :data:`gdn_fused.inverse.METHODS` (including the unstable "mch"). The
-            fused backend runs "blocked" only and hands other methods to materialized.
+            fused backend runs "blocked" only and hands other methods to materialized. The
+            others are for the inverse study, not for use: "mxr" (no block refinement) is only
+            conditionally stable, in fp32 too — one key repeated over a chunk with beta 1.99
+            and g = 0 puts o off by a relative 0.3–1 at T = 64 and up to 70 at T = 200
+            (new-user trial, session 28; docs/inverse_accuracy.md).
         solve_iters: Newton–Schulz iterations, a positive int (default 2·log2(chunk_size) + 2;
             convergence is not checked: too few give a wrong inverse without an error, e.g.
             2 is off by ~1 in relative error, docs/inverse_accuracy.md);
