@@ -215,8 +215,42 @@ def sass_loops(text: str) -> list[dict]:
         for x in ins[a:b + 1]:
             op = re.sub(r"^@!?U?P[T0-9]+\s+", "", x).split()[0].split(".")[0]
             ops[op] = ops.get(op, 0) + 1
-        loops.append(dict(start=a, end=b, instructions=b - a + 1, ops=ops))
+        loops.append(dict(start=a, end=b, instructions=b - a + 1, ops=ops,
+                          shared=shared_bytes(ins[a:b + 1])))
     return loops
+
+
+# bytes a thread of LDS / STS moves, by width modifier (none: 32 bits)
+_LDS_WIDTH = {"U8": 1, "S8": 1, "U16": 2, "S16": 2, "64": 8, "128": 16}
+
+
+def shared_bytes(instructions, warps: int = 4) -> dict:
+    """Shared-memory bytes a pass through ``instructions`` (SASS texts, one loop iteration of
+    a role of ``warps`` warps) moves, by kind: "lds" / "sts" (per-thread loads and stores,
+    × 32·warps threads), "ldsm" / "stsm" (ldmatrix / stmatrix: 128 B a warp per 8×8 16-bit
+    matrix), "wgmma" (HGMMA operands read from shared memory: B always, A where it is a
+    descriptor; once a warpgroup). TMA's transfers are not in a consumer's instructions (their
+    boxes are the descriptors'); both sides of a branch inside the loop are counted."""
+    out = dict(lds=0, sts=0, ldsm=0, stsm=0, wgmma=0)
+    for x in instructions:
+        x = re.sub(r"^@!?U?P[T0-9]+\s+", "", x)
+        parts = x.split()
+        op = parts[0].split(".")
+        if op[0] in ("LDS", "STS"):
+            width = next((_LDS_WIDTH[m] for m in op[1:] if m in _LDS_WIDTH), 4)
+            out[op[0].lower()] += width * 32 * warps
+        elif op[0] in ("LDSM", "STSM"):
+            count = int(op[-1]) if op[-1].isdigit() else 1
+            out[op[0].lower()] += 128 * count * warps
+        elif op[0] == "HGMMA":
+            m = re.match(r"(\d+)x(\d+)x(\d+)", op[1])
+            M, N, K = map(int, m.groups())
+            size = 1 if op[-1] in ("E4M3", "E5M2", "S8", "U8") else \
+                (4 if op[-1] == "TF32" else 2)
+            operands = " ".join(parts[1:]).split(",")
+            out["wgmma"] += K * N * size + (M * K * size if "gdesc" in operands[1] else 0)
+    out["total"] = sum(out.values())
+    return out
 
 
 def _kkt_solve(build: bool, method: str = "blocked", iters: int = 0):
@@ -608,9 +642,14 @@ def _main(argv) -> int:
             for loop in sass_loops(listing):
                 if loop["instructions"] >= 20:
                     top = sorted(loop["ops"].items(), key=lambda kv: -kv[1])[:8]
+                    sh = loop["shared"]
                     print(f"|   loop {loop['start']}–{loop['end']}: {loop['instructions']} "
                           f"instructions, HGMMA {loop['ops'].get('HGMMA', 0)}; most: "
-                          + ", ".join(f"{k} {v}" for k, v in top) + " |", flush=True)
+                          + ", ".join(f"{k} {v}" for k, v in top)
+                          + f"; shared memory {sh['total'] / 1024:.1f} KB an iteration ("
+                          + ", ".join(f"{k} {v / 1024:.1f}" for k, v in sh.items()
+                                      if k != "total" and v)
+                          + ") |", flush=True)
     return 0
 
 

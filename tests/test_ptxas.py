@@ -166,3 +166,35 @@ def test_set_refuses_keys_no_selected_kernel_has(capsys):
             main(["--kernels", "kkt_solve gluon (A in)", "--set", bad])
         assert e.value.code == 2
         assert "not a constexpr of any selected kernel" in capsys.readouterr().err
+
+
+def test_shared_bytes_of_sass_instructions():
+    """eval.ptxas.shared_bytes on hand-written SASS: per-thread loads and stores by width
+    (× 128 threads of a warpgroup), ldmatrix / stmatrix by matrix count (128 B a warp each),
+    wgmma's shared operands once a warpgroup (B always, A only from a descriptor), predicates
+    ignored, other instructions not counted."""
+    from gdn_fused.eval.ptxas import shared_bytes
+    got = shared_bytes([
+        "LDS.64 R4, [R2+0x100]",                                    # 8 × 128
+        "@!P0 STS.128 [R3], R8",                                    # 16 × 128
+        "LDS.U8 R1, [R2]",                                          # 1 × 128
+        "LDSM.16.M88.4 R12, [R5]",                                  # 4 × 128 × 4 warps
+        "STSM.16.MT88.2 [R6], R20",                                 # 2 × 128 × 4
+        "HGMMA.64x64x16.F32.BF16 R28, R88, gdesc[UR16], RZ, !UPT",  # B: 16 × 64 × 2
+        "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], R24",            # A and B from shared
+        "FMUL R1, R2, R3",
+    ])
+    assert got == dict(lds=9 * 128, sts=16 * 128, ldsm=2048, stsm=1024, wgmma=2048 + 2048 + 4096,
+                       total=9 * 128 + 16 * 128 + 2048 + 1024 + 8192)
+
+
+def test_forward_t_chain_loop_shared_bytes():
+    """forward_t's chain loop (V' on the chain, sm_90a): its wgmma operands a step are K for
+    S Kᵀ (16 KB), T for V' (8 KB), K for the update and, in its branch, for the low half
+    (16 KB each): 56 KB; h_c and V' handed over by stmatrix: 24 KB (session 28's count)."""
+    from gdn_fused.eval.ptxas import compile_for, sass, sass_loops
+    build, options = _kernels()["forward transposed gluon, V' on the chain"]
+    loops = [x for x in sass_loops(sass(compile_for(*build(), 90, **options)))
+             if x["instructions"] >= 20]
+    chain = max(loops, key=lambda x: x["shared"]["stsm"])
+    assert chain["shared"]["wgmma"] == 56 * 1024 and chain["shared"]["stsm"] == 24 * 1024
