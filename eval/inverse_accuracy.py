@@ -292,11 +292,13 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m eval.inverse_accuracy",
                                 description=__doc__.split("\n")[0])
     p.add_argument("--samples", type=int, default=16,
-                   help="matrices per (family, keys, n, dtype); errors are averaged over them "
-                        "(default 16)")
+                   help="matrices per (family, keys, n, dtype) in the main tables; errors are "
+                        "averaged over them (default 16; the article checks keep their 200 "
+                        "samples at n = 16–128)")
     p.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), metavar="N",
-                   help="matrix sizes n, multiples of 16 (default: "
-                        f"{' '.join(map(str, SIZES))})")
+                   help="matrix sizes n of the main tables, multiples of 16 (default: "
+                        f"{' '.join(map(str, SIZES))}; the article checks and the "
+                        "Newton–Schulz sweep keep theirs)")
     p.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES),
                    help=f"storage dtypes of A (default: {' '.join(DTYPES)})")
     p.add_argument("--head-dim", type=int, default=HEAD_DIM,

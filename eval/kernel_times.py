@@ -71,7 +71,8 @@ def print_timeline(label, rows, width=60):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m eval.kernel_times",
+                                description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default="1:32768,8:4096,1:8192,1:2048", type=_shapes,
                    help="'anchors' or B:T,B:T,... (default: %(default)s)")
     p.add_argument("--backward", action="store_true",

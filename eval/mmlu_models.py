@@ -122,7 +122,12 @@ class ModelSource:
             from .embedded import load_qwen3_tokenizer
             return load_qwen3_tokenizer()
         from transformers import AutoTokenizer
-        return AutoTokenizer.from_pretrained(self.path, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
+        if len(tokenizer) == 0:
+            # (transformers builds an empty tokenizer from a directory without its files)
+            raise ValueError(f"{self.path}: no tokenizer there (tokenizer.json or the like); "
+                             "--model needs a checkpoint saved with its tokenizer")
+        return tokenizer
 
     def load(self, variant: Variant):
         """A model for ``variant``, in eval mode on ``device`` in ``dtype``: the unswapped HF

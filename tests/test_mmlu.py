@@ -310,3 +310,19 @@ def test_refused_arguments_leave_no_folders_and_empty_splits_are_named(tmp_path,
               "--out", str(tmp_path / "r.json")])
     assert exit_info.value.code == 2
     assert "anatomy has no test questions" in capsys.readouterr().err
+
+
+def test_checkpoint_without_a_tokenizer_is_named(monkeypatch, tmp_path):
+    """--model on a directory without tokenizer files: transformers builds an empty tokenizer
+    there, and the letter check then spoke of letters split into 0 tokens (new-user trial,
+    session 28); the error names the missing tokenizer."""
+    import transformers
+    from gdn_fused.eval.mmlu_models import ModelSource
+
+    class Empty:
+        def __len__(self):
+            return 0
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
+                        lambda *a, **kw: Empty())
+    with pytest.raises(ValueError, match="no tokenizer"):
+        ModelSource(path=str(tmp_path)).tokenizer()
