@@ -189,6 +189,11 @@ def register_operand_hazards(text: str) -> list[tuple[str, str]]:
     return found
 
 
+def _unpredicated(instruction: str) -> str:
+    """A SASS instruction's text without its guard predicate (``@P0``, ``@!UPT``, …)."""
+    return re.sub(r"^@!?U?P[T0-9]+\s+", "", instruction)
+
+
 def sass_loops(text: str) -> list[dict]:
     """The innermost loops of a SASS listing (a backward branch's span that holds no other
     loop's), in order: {"start", "end" (instruction indices), "instructions", "ops" (count by
@@ -213,7 +218,7 @@ def sass_loops(text: str) -> list[dict]:
     for a, b in sorted(set(inner)):
         ops = {}
         for x in ins[a:b + 1]:
-            op = re.sub(r"^@!?U?P[T0-9]+\s+", "", x).split()[0].split(".")[0]
+            op = _unpredicated(x).split()[0].split(".")[0]
             ops[op] = ops.get(op, 0) + 1
         loops.append(dict(start=a, end=b, instructions=b - a + 1, ops=ops,
                           shared=shared_bytes(ins[a:b + 1])))
@@ -233,7 +238,7 @@ def shared_bytes(instructions, warps: int = 4) -> dict:
     boxes are the descriptors'); both sides of a branch inside the loop are counted."""
     out = dict(lds=0, sts=0, ldsm=0, stsm=0, wgmma=0)
     for x in instructions:
-        x = re.sub(r"^@!?U?P[T0-9]+\s+", "", x)
+        x = _unpredicated(x)
         parts = x.split()
         op = parts[0].split(".")
         if op[0] in ("LDS", "STS"):

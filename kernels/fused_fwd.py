@@ -498,9 +498,10 @@ def uses_warp_specialized(q, v, chunk_size, cu_seqlens) -> bool:
 
 
 # segment 1's inverse, beside segment 0's state pass, launched with programmatic dependent launch
-# (kernels/pdl.py) after segment 0's. Session 27 suspects (docs/fused_design.md) that its
-# programs then start early when the host is ahead, and keep the state pass from its SMs:
-# False launches it plainly, for the A/B that would tell (scripts/ab_flag.py)
+# (kernels/pdl.py) after segment 0's. Session 27 suspected its early start for an eager outlier
+# at (1, 32768); session 28's A/B (scripts/ab_flag.py, docs/fused_design.md) refuted it: plain
+# launches were slower as a graph (758 → 771 µs; 203 → 226 at (1, 8192)) and the outlier came
+# and went with the process. False launches it plainly (A/B)
 SEGMENT1_INVERSE_PDL = True
 
 
