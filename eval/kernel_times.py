@@ -1,13 +1,16 @@
 """The kernels of one call on the GPU's timeline (GPU machine).
 
-    python -m eval.kernel_times [--shapes 1:32768,8:4096] [--backward]
+    python -m eval.kernel_times [--shapes 1:32768,8:4096] [--backward] [--graph]
 
 For each shape, one fused forward call (and with --backward one forward + backward of the
 same inputs) is run under torch.profiler after a warm-up, and each kernel it launched is
 printed with its stream, its start and end relative to the call's first kernel, and its
 duration in µs: where a call's time goes, including what runs side by side on two streams
 (the split forward's segment-0 state pass beside the rest of the inverse, the backward's
-reverse pass beside the recompute). The inputs are eval.bench's anchor inputs.
+reverse pass beside the recompute). The inputs are eval.bench's anchor inputs. With --graph
+the call is captured into a CUDA graph and one replay is profiled: the timeline without the
+host's time between launches (an eager call at (1, 32768) starts its kernels up to hundreds
+of µs apart, so what overlaps there is partly the host's doing).
 """
 from __future__ import annotations
 
@@ -57,6 +60,17 @@ def timeline(fn, warmup=3):
     return sorted(rows, key=lambda r: r[2])
 
 
+def graphed(fn, warmup=2):
+    """fn captured into a CUDA graph (after ``warmup`` eager calls): its replay."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def print_timeline(label, rows, width=60):
     """A markdown table of :func:`timeline`'s rows under a heading with ``label``, the kernel
     count and the span from the first start to the last end; names cut to ``width``."""
@@ -77,14 +91,18 @@ def main(argv=None):
                    help="'anchors' or B:T,B:T,... (default: %(default)s)")
     p.add_argument("--backward", action="store_true",
                    help="also forward + backward of the same call")
+    p.add_argument("--graph", action="store_true",
+                   help="profile a CUDA-graph replay of the call (no host time between "
+                        "launches)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         p.error("the kernel timeline needs a CUDA device")
     for B, T in args.shapes:
         for backward in (False, True) if args.backward else (False,):
-            rows = timeline(_call(B, T, backward))
+            call = _call(B, T, backward)
+            rows = timeline(graphed(call) if args.graph else call)
             print_timeline(f"fused {'forward + backward' if backward else 'forward'} "
-                           f"B={B} T={T}", rows)
+                           f"B={B} T={T}{', graph replay' if args.graph else ''}", rows)
         torch.cuda.empty_cache()
 
 

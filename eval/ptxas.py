@@ -415,26 +415,11 @@ def _gluon_transposed_two_chains(checkpoints: bool = False):
     return fn, sig, {**consts, "CHAINS": 2}
 
 
-def _gluon_transposed_seg0_end(flags: bool = False):
+def _gluon_transposed_seg0_end():
     """The first launch of a two-segment split (V' on the chain): the state pass alone over
-    segment 0 from h0, its end state stored for segment 1 (SEG0_END); with ``flags`` its
-    threads' ready flags raised after (SEG_FLAGS, gluon_transposed.SEGMENT1_HEAD_START)."""
+    segment 0 from h0, its end state stored for segment 1 (SEG0_END)."""
     fn, sig, consts = _gluon_transposed_chain_t(False)
-    return fn, {**sig, **_segment_flag_args(flags)}, {**consts, "NS": 2, "SEG0_END": True,
-                                                      "SEG_FLAGS": flags}
-
-
-def _segment_flag_args(flags: bool) -> dict:
-    """The runtime arguments of a two-segment launch's cut and ready flags."""
-    return {"seg0_chunks": "i32", **({"seg_flags": "*i32"} if flags else {})}
-
-
-def _gluon_transposed_split_main(chains: int = 1):
-    """forward_t's main launch over two segments whose segment-1 chains wait for segment 0's
-    state pass by its ready flags (SEG_FLAGS), with ``chains`` chains a program."""
-    fn, sig, consts = (_gluon_transposed_two_chains() if chains == 2 else
-                       _gluon_transposed_chain_t())
-    return fn, {**sig, **_segment_flag_args(True)}, {**consts, "NS": 2, "SEG_FLAGS": True}
+    return fn, sig, {**consts, "NS": 2, "SEG0_END": True}
 
 
 def _gluon_transposed_chain_t_checkpoints():
@@ -576,13 +561,6 @@ def _kernels() -> dict:
                                                              maxnreg=_chain_t_maxnreg(2))),
         "segment 0's end state transposed gluon, V' on the chain": (
             lambda: _gluon_transposed_seg0_end(), dict(num_warps=4, maxnreg=T_MAXNREG)),
-        "segment 0's end state transposed gluon, V' on the chain, ready flags": (
-            lambda: _gluon_transposed_seg0_end(True), dict(num_warps=4, maxnreg=T_MAXNREG)),
-        "forward transposed gluon, V' on the chain, segment 1 waits for flags": (
-            _gluon_transposed_split_main, dict(num_warps=4, maxnreg=_chain_t_maxnreg())),
-        "forward transposed gluon, V' on the chain, two chains, segment 1 waits for flags": (
-            lambda: _gluon_transposed_split_main(2), dict(num_warps=4,
-                                                          maxnreg=_chain_t_maxnreg(2))),
         "segment maps transposed gluon, V' on the chain": (
             lambda: _gluon_transposed_chain_t(False, True), dict(num_warps=4, maxnreg=T_MAXNREG)),
         "chunk_bwd_dqkwg gluon": (_gluon_dqkwg, dict(num_warps=4, maxnreg=DQKWG_MAXNREG)),

@@ -135,7 +135,6 @@ chunk_state's contract for the backward's recompute, the second warpgroup storin
 (132 KB, no spills); bit-identical, but 1,121–1,187 µs against chunk_state's 655, with one
 store warpgroup or two on alternate chunks (``_store_h``).
 """
-import math
 import os
 
 import torch
@@ -667,33 +666,6 @@ def _add_low_half(S, d, d_op, k_buf, a_k: gl.constexpr):
     return S
 
 
-# threads of a chain warpgroup: one ready flag each (_segment_flags)
-FLAG_THREADS = gl.constexpr(128)
-
-
-@gluon.jit
-def _segment_flags(seg_flags, i_n, i_hv, i_v, HV: gl.constexpr, NVB: gl.constexpr):
-    """The ready flags of value block i_v of (sequence i_n, value head i_hv): one int32 a
-    thread of the chain warpgroup, thread j holding flag j. The chain that stores segment 1's
-    entering state and the one that loads it hold it in one layout, so the thread that loads
-    a part waits for the flag of the thread that stored it: per-thread release and acquire,
-    with no barrier between the warps' stores and one thread's flag to get right."""
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [FLAG_THREADS // 32], [0])
-    base = ((i_n * HV + i_hv) * NVB + i_v).to(gl.int64) * FLAG_THREADS
-    # (and zeros in their layout: Gluon broadcasts no scalar operand of an atomic)
-    return (seg_flags + base + gl.arange(0, FLAG_THREADS, layout=layout),
-            gl.zeros([FLAG_THREADS], gl.int32, layout))
-
-
-@gluon.jit
-def _wait_flags(flags, zero):
-    """Spin until every flag is set (acquire: the loads after it see what each flag's setter
-    stored before its release)."""
-    seen = gl.min(gl.atomic_add(flags, zero, sem="acquire", scope="gpu"), axis=0)
-    while seen == 0:
-        seen = gl.min(gl.atomic_add(flags, zero, sem="acquire", scope="gpu"), axis=0)
-
-
 @gluon.jit
 def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_bufs, sv_ready,
                      sv_empty, wu_ready, h0, ht, T, c0, n, i_n, i_hv, i_v, i_seg,
@@ -703,16 +675,13 @@ def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_b
                      WU: gl.constexpr, checkpoints, CKPT_EVERY: gl.constexpr,
                      CHAIN_T: gl.constexpr = False, SEG0_END: gl.constexpr = False,
                      UPDATE_LO: gl.constexpr = False, LO_ABOVE: gl.constexpr = 0.5,
-                     HS0: gl.constexpr = 0, seg_flags=None, SEG_FLAGS: gl.constexpr = False):
+                     HS0: gl.constexpr = 0):
     """The state recurrence (w_bufs / u_bufs: the ring's W and U tiles, or with WU the W/U
     warpgroup's, ready on wu_ready; with CHAIN_T the ring's T and v tiles, from which the
     chain forms V'ᵀ = (Vᵀ − Sᵀ Kᵀ D_{e^G}) D_β Tᵀ itself); HANDOFF: hand h_c and V' to the
     second warpgroup, through hand-off stages HS0 + s (HS0 = c·STAGES for chain c of two);
     CKPT_EVERY > 0: store the fp32 state entering chunks CKPT_EVERY, 2·CKPT_EVERY, … to
-    checkpoints ([cdiv(NT, CKPT_EVERY) − 1, B, HV, K, V]) for the backward's recompute.
-    SEG_FLAGS: segment 0's state pass (SEG0_END) raises its threads' ready flags in seg_flags
-    once it has stored segment 1's entering state; the main launch's segment-1 chains wait
-    for them before loading it (:func:`_segment_flags`)."""
+    checkpoints ([cdiv(NT, CKPT_EVERY) − 1, B, HV, K, V]) for the backward's recompute."""
     BT: gl.constexpr = k_bufs.type.shape[1]
     BVr: gl.constexpr = u_bufs.type.shape[2]
     STAGES: gl.constexpr = k_bufs.type.shape[0]
@@ -729,10 +698,6 @@ def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_b
         S = gl.where(o_r[:, None] == o_k[None, :], 1., 0.)
         u_keep = gl.where(i_v * BVr < K, 0., 1.)
     elif USE_INITIAL_STATE:
-        if SEG_FLAGS and not SEG0_END:
-            if i_seg > 0:
-                flags, zero = _segment_flags(seg_flags, i_n, i_hv, i_v, HV, SW // BVr)
-                _wait_flags(flags, zero)
         S = gl.load(_state_tile_t(h0 + seg, i_n, i_hv, i_v, HV, K, SW, BVr, acc_k))
     else:
         S = gl.zeros([BVr, K], gl.float32, acc_k)
@@ -833,11 +798,6 @@ def _chain_partition(k_bufs, w_bufs, u_bufs, g_bufs, ready, empty, st_bufs, vn_b
     elif SEG0_END:
         slab1 = gl.num_programs(1).to(gl.int64) * K * SW
         gl.store(_state_tile_t(ht + slab1, i_n, i_hv, i_v, HV, K, SW, BVr, acc_k), S)
-        if SEG_FLAGS:
-            # each thread's release orders its own stores of the tile: segment 1's chain
-            # loads the state in the same layout, its thread j after thread j's flag
-            flags, zero = _segment_flags(seg_flags, i_n, i_hv, i_v, HV, SW // BVr)
-            gl.atomic_xchg(flags, zero + 1, sem="release", scope="gpu")
     elif STORE_FINAL_STATE and i_seg == NS - 1:
         gl.store(_state_tile_t(ht, i_n, i_hv, i_v, HV, K, SW, BVr, acc_k), S)
 
@@ -859,8 +819,7 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
                                 SEG0_END: gl.constexpr = False,
                                 UPDATE_LO: gl.constexpr = False,
                                 LO_ABOVE: gl.constexpr = 0.5, PDL: gl.constexpr = False,
-                                CHAINS: gl.constexpr = 1, seg0_chunks=0, seg_flags=None,
-                                SEG_FLAGS: gl.constexpr = False):
+                                CHAINS: gl.constexpr = 1):
     """Grid (SW / BV, B·HV, segments). MAP: the state pass alone over the K + V columns of
     [M | b] from [I | 0] (SW = K + V) for segments 0 … NS − 2, each stored to ht's segment
     slab; else the pass with the output over segment i_seg (SW = V), starting from h0's
@@ -885,13 +844,7 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
     2 (CHAIN_T with the output, one output group, not the maps' or segment 0's state pass;
     V = 2·BV, grid axis 0 of size 1): both value blocks of a head in one program, two chain
     warpgroups sharing the ring's q, k, T and gate tiles (v's two blocks loaded apart) and one
-    output warpgroup forming P once for both (``TWO_CHAINS``). seg0_chunks > 0 (NS = 2):
-    segment 0 is chunks [0, seg0_chunks), segment 1 the rest (else ceil(chunks / NS) a
-    segment). SEG_FLAGS (NS = 2, with SEG0_END or a main launch that reads the state entering
-    segment 1 from it): that state's per-thread ready flags in seg_flags ([B·HV·V/BV·128]
-    int32, zero at launch), raised by segment 0's state pass, awaited by segment 1's chains,
-    so the main launch need not wait for that pass: its segment-0 programs start beside it
-    (:data:`SEGMENT1_HEAD_START`)."""
+    output warpgroup forming P once for both (``TWO_CHAINS``)."""
     if PDL:
         gl_wait_for_previous_grid()
     gl.static_assert(not (CHAIN_T and WU), "CHAIN_T replaces the W/U warpgroup")
@@ -914,16 +867,11 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
     i_v, i_n, i_hv, i_h = ring_program(H, HV)
     i_seg = gl.program_id(2)
     # segments are cut on the chunk grid: ceil(chunks / NS) chunks each, the last ones may
-    # be shorter or empty; or (seg0_chunks > 0, two segments) segment 0's chunks as given
+    # be shorter or empty
     NT = gl.cdiv(T, BT)
     per_seg = gl.cdiv(NT, NS)
-    if seg0_chunks > 0:
-        per_seg = seg0_chunks
     c0 = gl.minimum(i_seg * per_seg, NT)
-    end = gl.minimum(c0 + per_seg, NT)
-    if i_seg == NS - 1:
-        end = NT
-    n = end - c0
+    n = gl.minimum(c0 + per_seg, NT) - c0
     if MAP:
         u_col = i_hv * V + gl.maximum(i_v * BVr - K, 0)
     else:
@@ -1006,8 +954,7 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
                                 sv_ready, sv_empty, wu_ready, h0, ht, T, c0, n, i_n, i_hv,
                                 i_v, i_seg, HV, K, SW, USE_INITIAL_STATE, STORE_FINAL_STATE,
                                 HANDOFF, MAP, NS, WU, checkpoints, CKPT_EVERY, CHAIN_T,
-                                SEG0_END, UPDATE_LO, LO_ABOVE, 0, seg_flags,
-                                SEG_FLAGS)),
+                                SEG0_END, UPDATE_LO, LO_ABOVE)),
             (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                  sv_ready, sv_empty, o_smem, o_desc, o, scale, T, c0,
                                  n if HANDOFF else 0, i_n, i_hv, i_v, HV, V, STORE_H, h, 0, 1,
@@ -1030,7 +977,7 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
                                 h0, ht, T, c0, n, i_n, i_hv, 0, i_seg, HV, K, SW,
                                 USE_INITIAL_STATE, STORE_FINAL_STATE, HANDOFF, MAP, NS, WU,
                                 checkpoints, CKPT_EVERY, CHAIN_T, SEG0_END, UPDATE_LO,
-                                LO_ABOVE, 0, seg_flags, SEG_FLAGS)),
+                                LO_ABOVE, 0)),
             (_output_pair_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                       sv_ready, sv_empty, o_desc, o, scale, T, c0, n, i_n,
                                       i_hv, HV, V)),
@@ -1043,7 +990,7 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
                                 sv_ready, h0, ht, T, c0, n, i_n, i_hv, 1, i_seg, HV, K, SW,
                                 USE_INITIAL_STATE, STORE_FINAL_STATE, HANDOFF, MAP, NS, WU,
                                 checkpoints, CKPT_EVERY, CHAIN_T, SEG0_END, UPDATE_LO,
-                                LO_ABOVE, STAGES, seg_flags, SEG_FLAGS)),
+                                LO_ABOVE, STAGES)),
         ], [OUT_WARPS, LOAD_WARPS, CHAIN_WARPS], [CHAINS_OUT_REGS, LOAD_REGS, CHAIN_REGS])
     elif OUT_GROUPS == 2:
         # the output's chunk latency (three dependent products, the mask, the store) is longer
@@ -1053,8 +1000,7 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
                                 sv_ready, sv_empty, sv_ready, h0, ht, T, c0, n, i_n, i_hv,
                                 i_v, i_seg, HV, K, SW, USE_INITIAL_STATE, STORE_FINAL_STATE,
                                 HANDOFF, MAP, NS, WU, checkpoints, CKPT_EVERY, CHAIN_T,
-                                SEG0_END, UPDATE_LO, LO_ABOVE, 0, seg_flags,
-                                SEG_FLAGS)),
+                                SEG0_END, UPDATE_LO, LO_ABOVE)),
             (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                  sv_ready, sv_empty, o_smem, o_desc, o, scale, T, c0,
                                  n, i_n, i_hv, i_v, HV, V, STORE_H, h, 0, 2, Q_REGS, None,
@@ -1073,8 +1019,7 @@ def chunk_state_output_t_kernel(q_desc, k_desc, w_desc, u_desc, o_desc, g_desc, 
                                 sv_ready, sv_empty, sv_ready, h0, ht, T, c0, n, i_n, i_hv,
                                 i_v, i_seg, HV, K, SW, USE_INITIAL_STATE, STORE_FINAL_STATE,
                                 HANDOFF, MAP, NS, WU, checkpoints, CKPT_EVERY, CHAIN_T,
-                                SEG0_END, UPDATE_LO, LO_ABOVE, 0, seg_flags,
-                                SEG_FLAGS)),
+                                SEG0_END, UPDATE_LO, LO_ABOVE)),
             (_output_partition, (q_bufs, k_bufs, g_bufs, ready, empty, st_bufs, vn_bufs,
                                  sv_ready, sv_empty, o_smem, o_desc, o, scale, T, c0,
                                  n if HANDOFF else 0, i_n, i_hv, i_v, HV, V, STORE_H, h, 0, 1,
@@ -1140,19 +1085,6 @@ STATE_UPDATE_LO_ABOVE = 0.5
 # (SEG0_END: V columns, the unsplit bits, no composition) instead of [M | b] from [I | 0]
 # and the fp64 composition (session 18; False: the maps, for A/B timing)
 SEGMENT0_FROM_H0 = True
-# Where segment 0's state pass runs alone (SEG0_END), the main launch need not wait for it:
-# segment 1's chains wait on per-thread ready flags that the pass raises once it has stored
-# their entering state (SEG_FLAGS; the launch order stays: the pass on its high-priority
-# stream before the main launch, so a spinning chain waits for programs already placed, and
-# segment 0's programs never wait). Segment 0's programs then start beside the pass, on the
-# SMs that segment 1's inverse leaves (session 27's timeline: idle ~130 µs at (1, 32768)), and
-# segment 0 can take more of the chunks than half: SEGMENT0_SHARE of them (rounded up). By the
-# step times (state pass 0.88 µs, main pass 1.50), segment 1's programs, started when the pass
-# ends, finish with segment 0's when segment 0 takes ~0.6–0.65 of the chunks. Both change no
-# bit of o or the state: the pass carries the unsplit state to any cut. False / 0.5: the
-# main launch after the pass, the halves (session 28's launches; A/B)
-SEGMENT1_HEAD_START = True
-SEGMENT0_SHARE = 0.5
 
 
 def min_chunks_to_split(device):
@@ -1195,14 +1127,8 @@ def segment0_chunks(B, T, HV, device, segments=None):
     state pass alone before the main launch (two segments and SEGMENT0_FROM_H0), else 0: the
     chunks whose T that pass reads."""
     NT = triton.cdiv(T, CHUNK)
-    return _segment0_cut(NT) if _segment0_pass(_segment_count(B, NT, HV, device, segments)) \
+    return triton.cdiv(NT, 2) if _segment0_pass(_segment_count(B, NT, HV, device, segments)) \
         else 0
-
-
-def _segment0_cut(NT):
-    """Segment 0's chunks of NT split in two: SEGMENT0_SHARE of them rounded up (half: the
-    default cut's ceil(NT / 2)), at least one and leaving one."""
-    return min(max(math.ceil(NT * SEGMENT0_SHARE), 1), NT - 1)
 
 
 def compose_segment_states(maps, h0, B, HV):
@@ -1362,7 +1288,6 @@ def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_fina
     cap = launch_maxnreg(wu and not chain_t, 1)  # the passes without the output
     if beside_seg0_end is not None and not _segment0_pass(NS):
         beside_seg0_end()
-    split = {}
     if _segment0_pass(NS):
         # the state entering segment 1: the state pass alone over segment 0 from h0 (V
         # columns), the bits the unsplit pass carries there (slab 0 holds h0 or zeros)
@@ -1371,16 +1296,18 @@ def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_fina
             h_in[0].copy_(h0)
         else:
             h_in[0].zero_()
-        flags = (torch.zeros(B * HV * (V // BV) * FLAG_THREADS.value, dtype=torch.int32,
-                             device=q.device) if SEGMENT1_HEAD_START else None)
-        split = dict(seg0_chunks=_segment0_cut(NT), seg_flags=flags,
-                     SEG_FLAGS=flags is not None)
 
         def seg0_end():
             direct.launch(chunk_state_output_t_kernel, (V // BV, B * HV, 1), *descs, o, h_in,
                           h_in, float(scale), T, USE_INITIAL_STATE=True,
                           STORE_FINAL_STATE=False, OUTPUT=False, MAP=False, SEG0_END=True,
-                          maxnreg=cap, **split, **consts)
+                          maxnreg=cap, **consts)
+        if beside_seg0_end is None:
+            seg0_end()
+        else:
+            # its B·HV·V / BV programs leave SMs idle (num_segments): what completes the
+            # later segment's tiles fills them
+            streams.side_by_side(seg0_end, beside_seg0_end, q.device)
         h0 = h_in
     elif NS > 1:
         # the maps [M | b] of segments 0 … NS − 2 (the only HBM besides o and the state)
@@ -1393,37 +1320,14 @@ def _launch(q, k, w_tiles, u_tiles, gate_rows, scale, initial_state, output_fina
     chains = 2 if (TWO_CHAINS and chain_t and output and output_groups == 1 and h is None
                    and not variant and V == 2 * BV
                    and two_chains_pay(B * HV * NS, sm_count(q.device))) else 1
-
-    def main():
-        direct.launch(chunk_state_output_t_kernel, (V // (BV * chains), B * HV, NS),
-                      *descs, o, h0, ht, float(scale), T, USE_INITIAL_STATE=h0 is not None,
-                      STORE_FINAL_STATE=output_final_state, OUTPUT=output, MAP=False,
-                      STORE_H=h is not None, h=h, OUT_GROUPS=output_groups, **(variant or {}),
-                      checkpoints=checkpoints,
-                      CKPT_EVERY=SEGMENT_CHUNKS if checkpoints is not None else 0,
-                      CHAINS=chains,
-                      maxnreg=launch_maxnreg(wu and not chain_t, output_groups, chains),
-                      **split, **consts)
-
-    def beside_then_main():
-        if beside_seg0_end is not None:
-            beside_seg0_end()
-        main()
-    if not _segment0_pass(NS):
-        main()
-    elif split["SEG_FLAGS"]:
-        # segment 0's pass on the high-priority side stream, launched first; on this stream
-        # what completes the later tiles, then the main launch, whose segment-1 chains wait
-        # for the pass's flags (SEGMENT1_HEAD_START)
-        streams.side_by_side(seg0_end, beside_then_main, q.device)
-    else:
-        if beside_seg0_end is None:
-            seg0_end()
-        else:
-            # its B·HV·V / BV programs leave SMs idle (num_segments): what completes the
-            # later segment's tiles fills them
-            streams.side_by_side(seg0_end, beside_seg0_end, q.device)
-        main()
+    direct.launch(chunk_state_output_t_kernel, (V // (BV * chains), B * HV, NS),
+                  *descs, o, h0, ht, float(scale), T, USE_INITIAL_STATE=h0 is not None,
+                  STORE_FINAL_STATE=output_final_state, OUTPUT=output, MAP=False,
+                  STORE_H=h is not None, h=h, OUT_GROUPS=output_groups, **(variant or {}),
+                  checkpoints=checkpoints,
+                  CKPT_EVERY=SEGMENT_CHUNKS if checkpoints is not None else 0,
+                  CHAINS=chains,
+                  maxnreg=launch_maxnreg(wu and not chain_t, output_groups, chains), **consts)
     return (o if output or h is not None else None), ht
 
 

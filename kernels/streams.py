@@ -23,9 +23,7 @@ def side_by_side(first, second, device):
     current stream (``record_stream``), so the caching allocator does not hand their memory to
     later side-stream work while current-stream kernels may still read it; that memory stays
     cached for the side stream (at (1, 32768) the reverse pass's dh and dv2, 768 MiB, reused by
-    the next backward's). On a device without CUDA streams: ``first()``, then ``second()``."""
-    if device.type != "cuda":
-        return first(), second()
+    the next backward's)."""
     current = torch.cuda.current_stream(device)
     side = _side_streams.get(device)
     if side is None:

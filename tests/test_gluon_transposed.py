@@ -885,68 +885,6 @@ def test_two_chains_where_their_waves_take_fewer_steps(monkeypatch):
     assert seen[-1][1] == 1
 
 
-def test_segment0_cut():
-    """Segment 0's chunks: SEGMENT0_SHARE of them rounded up (the halves' ceil at 0.5), at
-    least one and leaving one to segment 1."""
-    cut = gluon_transposed._segment0_cut
-    share = gluon_transposed.SEGMENT0_SHARE
-    try:
-        gluon_transposed.SEGMENT0_SHARE = 0.5
-        assert [cut(n) for n in (2, 3, 128, 129, 512)] == [1, 2, 64, 65, 256]
-        gluon_transposed.SEGMENT0_SHARE = 0.65
-        assert [cut(n) for n in (2, 3, 128, 512)] == [1, 2, 84, 333]
-        gluon_transposed.SEGMENT0_SHARE = 0.01
-        assert cut(64) == 1
-        gluon_transposed.SEGMENT0_SHARE = 0.999
-        assert cut(64) == 63
-    finally:
-        gluon_transposed.SEGMENT0_SHARE = share
-
-
-@pytest.mark.parametrize("head_start", [True, False])
-def test_split_launches_take_the_cut_and_the_ready_flags(monkeypatch, head_start):
-    """Two segments: both launches get segment 0's cut; with SEGMENT1_HEAD_START both get
-    one zeroed int32 ready flag a chain thread (B·HV·V/BV·128) and segment 0's state pass is
-    launched before what completes the later tiles and the main launch (which no longer
-    follow it on one stream); without it, no flags, and the main launch after both."""
-    from gdn_fused.kernels import launch as direct
-    monkeypatch.setattr(gluon_transposed, "SEGMENT1_HEAD_START", head_start)
-    monkeypatch.setattr(gluon_transposed, "SEGMENT0_SHARE", 0.7)
-    monkeypatch.setattr(gluon_transposed.TensorDescriptor, "from_tensor",
-                        staticmethod(lambda *a, **kw: None))
-    seen = []
-    monkeypatch.setattr(direct, "launch", lambda kernel, grid, *a, **kw: seen.append(
-        ("main" if kw["OUTPUT"] else "pass", kw)))
-    real = gluon_transposed.streams.side_by_side
-
-    def side_by_side(first, second, device):
-        seen.append(("fork", None))
-        try:
-            return real(first, second, device)
-        finally:
-            seen.append(("join", None))
-    monkeypatch.setattr(gluon_transposed.streams, "side_by_side", side_by_side)
-    B, T, HV = 1, 640, 4
-    x = torch.zeros(B, T, HV // 2, 128, dtype=torch.bfloat16)
-    v = torch.zeros(B, T, HV, 128, dtype=torch.bfloat16)
-    rows = torch.zeros(B * HV * 4, T, dtype=torch.float64)
-    gluon_transposed._launch(x, x, torch.zeros(B, T, HV, 64, dtype=torch.bfloat16), v, rows,
-                             0.1, None, True, True, 2, 2, True, t_on_chain=True,
-                             beside_seg0_end=lambda: seen.append(("beside", None)))
-    order = [name for name, _ in seen]
-    assert order == (["fork", "pass", "beside", "main", "join"] if head_start else
-                     ["fork", "pass", "beside", "join", "main"]), order
-    first, main = (kw for name, kw in seen if name in ("pass", "main"))
-    assert first["seg0_chunks"] == main["seg0_chunks"] == 7  # ceil(0.7 · 10 chunks)
-    assert first["SEG_FLAGS"] == main["SEG_FLAGS"] == head_start
-    if head_start:
-        flags = first["seg_flags"]
-        assert flags is main["seg_flags"] and flags.dtype == torch.int32
-        assert flags.shape == (B * HV * 2 * 128,) and not flags.any()
-    else:
-        assert first["seg_flags"] is None and main["seg_flags"] is None
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("B, T, H, HV, initial_state, gate, segments", [
     (1, 200, 1, 3, True, "strong", 1),   # GVA 3, partial last chunk, strong decay
@@ -1034,50 +972,6 @@ def test_two_segments_give_the_unsplit_bits(B, T, H, HV, initial_state, gate):
     print(f"\n  maps' split {B, T, gate} vs unsplit: o {rel_err(o_m, o):.2e} state "
           f"{rel_err(ht_m, ht):.2e}")
     assert rel_err(o_m, o) <= 5e-3 and rel_err(ht_m, ht) <= 5e-3
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("B, T, H, HV, gate", [
-    (1, 8192, 2, 4, "zero"),      # few programs: segment 1's start at once, waiting
-    (1, 4096, 16, 48, "normal"),  # GVA 3, 96 programs: the two-chain main launch
-    (2, 1000, 2, 4, "strong"),    # two sequences, a partial last chunk
-])
-def test_segment1_head_start_gives_the_unsplit_bits(monkeypatch, B, T, H, HV, gate):
-    """SEGMENT1_HEAD_START: the main launch does not follow segment 0's state pass on one
-    stream; segment 1's chains wait for its ready flags. At any cut (SEGMENT0_SHARE) o, the
-    final state and the checkpoints are the unsplit launch's bits, with and without an
-    initial state, also from a CUDA graph. Without the wait segment 1 would start from the
-    uninitialised slab (its few programs start long before the pass ends)."""
-    _hopper()
-    from gdn_fused.kernels.chunk_state import checkpoint_slabs
-    monkeypatch.setattr(gluon_transposed, "SEGMENT1_HEAD_START", True)
-    for initial_state in (True, False):
-        q, k, v, g, beta, h0, G, Ai, _, _ = forward_intermediates(B, T, H, HV, initial_state,
-                                                                  T + HV, gate)
-        slabs = checkpoint_slabs(-(-T // 64))
-
-        def run(segments):
-            ck = torch.full((slabs, B, HV, 128, 128), float("nan"), device="cuda")
-            o, ht = gluon_transposed.forward_t(q, k, v, G, beta, Ai, 0.125, h0, True,
-                                               t_on_chain=True, segments=segments,
-                                               checkpoints=ck)
-            return o, ht, ck
-        ref = run(1)
-        for share in (0.3, 0.5, 0.7):
-            monkeypatch.setattr(gluon_transposed, "SEGMENT0_SHARE", share)
-            for x, y in zip(run(2), ref):
-                assert torch.equal(x.nan_to_num(7.), y.nan_to_num(7.)), (share, rel_err(x, y))
-        # replays on new values: flags left raised by the last replay would let segment 1
-        # read the last replay's slab
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            captured = run(2)
-        for i in range(3):
-            v.copy_(torch.randn_like(v))
-            graph.replay()
-            for x, y in zip(captured, run(1)):
-                assert torch.equal(x.nan_to_num(7.), y.nan_to_num(7.)), (i, rel_err(x, y))
 
 
 @pytest.mark.gpu
