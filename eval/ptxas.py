@@ -438,7 +438,7 @@ def _gluon_dqkwg():
     names = {"v_new": "vn", "dv2": "dv"}
     sig = {f"{names.get(n, n)}_desc": tensordesc("bf16", b, descriptor_layout(b))
            for n, b in DESCRIPTOR_BLOCKS.items()}
-    sig.update(G="*fp64", dg="*fp32", s_dg="i32", scale="fp32", num_items="i32", NBH="i32",
+    sig.update(G="*fp64", dg="*fp32", s_dg="i32", scale="fp32", num_units="i32", NBH="i32",
                T="i32", stage0="i32")
     return chunk_bwd_dqkwg_gluon_kernel, sig, dict(H=16, HV=32, K=128, V=128, STAGES=STAGES)
 

@@ -10,6 +10,7 @@ from gdn_fused.eval.cases import make_inputs, rel_err
 
 CASES = [  # (id, B, T, H, HV, gate)
     ("partial-chunk", 1, 1000, 2, 4, "normal"),
+    ("no-gva", 1, 2048, 2, 2, "normal"),
     ("gva3-g-zero", 2, 4096, 2, 6, "zero"),
     ("strong", 1, 4096, 1, 2, "strong"),
 ]
@@ -39,13 +40,17 @@ def intermediates(B, T, H, HV, gate):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("heads_in_turn", [True, False])
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_matches_chunk_bwd_dqkwg(case):
+def test_matches_chunk_bwd_dqkwg(case, heads_in_turn, monkeypatch):
     """dq, dk, dw (bf16) and each key block's partial dg (fp32) as chunk_bwd_dqkwg computes
     them: dq, dk, dw the same bits (the same products and roundings), dg up to the order of its
-    fp32 sums (H200: within 2.1e-6; bound 1e-5), and the same bits run to run."""
+    fp32 sums (H200: within 2.1e-6; bound 1e-5), and the same bits run to run; with a GVA
+    group's value heads in turn on one CTA (HEADS_IN_TURN) or spread over the CTAs."""
+    from gdn_fused.kernels import gluon_dqkwg
     from gdn_fused.kernels.chunk_bwd_dqkwg import chunk_bwd_dqkwg
     from gdn_fused.kernels.gluon_dqkwg import chunk_bwd_dqkwg_gluon
+    monkeypatch.setattr(gluon_dqkwg, "HEADS_IN_TURN", heads_in_turn)
     from gdn_fused.kernels.materialized import gluon_tiles_apply
     _, B, T, H, HV, gate = case
     q, k, v_new, h, dh, g, G, do, dv2 = intermediates(B, T, H, HV, gate)
