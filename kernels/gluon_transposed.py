@@ -63,7 +63,7 @@ value there would reach the previous sequence: the materialized forward routes h
 batches where no chunk straddles two sequences. The gates are repacked as [B·HV, T] rows,
 zero past T.
 
-Sequence splitting (``segments``; by default for sequences of 256+ chunks at small B·HV, 128+
+Sequence splitting (``segments``; by default for sequences of 256+ chunks at small B·HV, 64+
 while a CUDA graph is captured: ``num_segments``, ``min_chunks_to_split``): the state update is
 affine in the entering state, so a segment of chunks maps S_in ↦ M S_in + b; a first launch runs
 this kernel's state pass alone (``MAP``) over the K + V columns of [M | b] from [I | 0] (M's
@@ -1050,10 +1050,12 @@ CHAIN_GATE_LAYOUT = gl.NVMMASharedLayout.get_default_for(CHAIN_GATE_BLOCK, gl.fl
 # host_time_split_2026-12-01_s19): at 128 chunks ((1, 8192)) split 262 µs against 312 as a
 # CUDA-graph replay, but eager 525 against 315: the split call's five launches cost the host
 # ~0.5 ms; at 256 chunks ((1, 16384)) split 499 against 603 (graph) and 524 against 606 eager.
-# So 256 chunks for eager calls, and 128 while a CUDA graph is captured (its replays have no
-# host time).
+# So 256 chunks for eager calls, and fewer while a CUDA graph is captured (its replays have no
+# host time): 128 from session 19, 64 since session 29 (ab_split_captured_threshold_2026-12-02_
+# s29.log, graph, the same bits): 64 chunks ((1, 4096)) 134.5 → 121.9 µs split, but 32 chunks
+# ((1, 2048)) 75.3 → 82.7 (there the inverse and the two passes' ramps outweigh 16 steps).
 MIN_CHUNKS_TO_SPLIT = 256
-MIN_CHUNKS_TO_SPLIT_CAPTURED = 128
+MIN_CHUNKS_TO_SPLIT_CAPTURED = 64
 # The chain's state update Sᵀ ← e^{G_C} Sᵀ + (D V')ᵀ K with D V' as its bf16 high and low
 # halves (two products, not one) in the chunks that keep more than STATE_UPDATE_LO_ABOVE of
 # the state (γ = e^{G_C}). That rounding of D V' is what binds the final state's error where
@@ -1358,7 +1360,7 @@ def chunk_state_output_t(q, k, w, u, G, scale, initial_state, output_final_state
     the output); segments: cut each sequence into this many segments run side by side, their
     entering states composed exactly from each segment's affine map (two segments: segment
     1's from the state pass alone over segment 0, the unsplit bits; default
-    :func:`num_segments`: 2 for sequences of 256+ chunks (128+ captured) when B·HV is small
+    :func:`num_segments`: 2 for sequences of 256+ chunks (64+ captured) when B·HV is small
     enough to leave half the SMs idle; at most one segment a chunk); output_groups: 1 or 2
     output warpgroups (alternate chunks; 2 needs num_stages even; ignored with output=False);
     variant: a dict of the main launch's constexprs among VARIANT_KEYS (launch variants for

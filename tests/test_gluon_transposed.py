@@ -316,6 +316,10 @@ def test_num_segments():
     assert gluon_transposed.num_segments(32, 256, 132) == 2
     assert gluon_transposed.num_segments(32, 255, 132) == 1  # eager: the host binds
     assert gluon_transposed.num_segments(32, 128, 132, 128) == 2  # as captured in a graph
+    # captured: from 64 chunks ((1, 4096) measured faster split as a graph; 32 chunks slower)
+    captured = gluon_transposed.MIN_CHUNKS_TO_SPLIT_CAPTURED
+    assert gluon_transposed.num_segments(32, 64, 132, captured) == 2
+    assert gluon_transposed.num_segments(32, 32, 132, captured) == 1
     assert gluon_transposed.min_chunks_to_split(torch.device("cpu")) == 256
 
 
