@@ -1,7 +1,8 @@
 """chunk_bwd_dqkwg (kernels/chunk_bwd_dqkwg.py) as a persistent, warp-specialized Gluon kernel
 for Hopper (sm_90a): the same math and outputs, two CTAs an SM looping over the work items
-(key block of 64, batch · value head, chunk — chunk_index.grid_position's order), in each a
-producer warp streaming the next item's tiles by TMA into a one-stage ring.
+(key block of 64, batch · value head, chunk — chunk_index.grid_position's order, a GVA
+group's value heads in turn on one CTA: HEADS_IN_TURN below), in each a producer warp
+streaming the next item's tiles by TMA into a one-stage ring.
 
 Why: the Triton kernel holds 255 registers a thread and 96 KB of shared memory, so two programs
 an SM, each loading its tiles, then computing, then storing (H200, (1, 32768), session 15:
@@ -52,7 +53,7 @@ A GVA group's value heads in turn (HEADS_IN_TURN, session 29): a CTA takes a uni
 batch row, q/k head, chunk) and runs the HV / H items of its value heads one after the other,
 so that the q and k tiles it loads again for each are the ones just read (L2), where the
 items of one unit used to go to HV / H different CTAs. Its loops also spill less (ptxas: 80
-against 128 bytes). Measured: fwd + bwd −2.1 % at (1, 32768) (HEADS_IN_TURN). What did not
+against 128 bytes). Measured: fwd + bwd −2.2 % at (1, 32768) (HEADS_IN_TURN). What did not
 pay: dQ summed over the group in the kernel (a bf16 running sum in registers, stored once,
 instead of per value head and group_sum's 92 µs pass at (1, 32768)): fwd+bwd 3,892 → 4,073
 µs at (1, 32768) and 3,695 → 3,835 at (8, 4096) (H200, graph,

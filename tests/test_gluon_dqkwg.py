@@ -45,7 +45,7 @@ def intermediates(B, T, H, HV, gate):
 def test_matches_chunk_bwd_dqkwg(case, heads_in_turn, monkeypatch):
     """dq, dk, dw (bf16) and each key block's partial dg (fp32) as chunk_bwd_dqkwg computes
     them: dq, dk, dw the same bits (the same products and roundings), dg up to the order of its
-    fp32 sums (H200: within 2.1e-6; bound 1e-5), and the same bits run to run; with a GVA
+    fp32 sums (H200: within 2.6e-6; bound 1e-5), and the same bits run to run; with a GVA
     group's value heads in turn on one CTA (HEADS_IN_TURN) or spread over the CTAs."""
     from gdn_fused.kernels import gluon_dqkwg
     from gdn_fused.kernels.chunk_bwd_dqkwg import chunk_bwd_dqkwg

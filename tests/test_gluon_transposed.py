@@ -315,7 +315,7 @@ def test_num_segments():
     assert gluon_transposed.num_segments(64, 512, 132) == 1
     assert gluon_transposed.num_segments(32, 256, 132) == 2
     assert gluon_transposed.num_segments(32, 255, 132) == 1  # eager: the host binds
-    assert gluon_transposed.num_segments(32, 128, 132, 128) == 2  # as captured in a graph
+    assert gluon_transposed.num_segments(32, 128, 132, 128) == 2  # a threshold of 128
     # captured: from 64 chunks ((1, 4096) measured faster split as a graph; 32 chunks slower)
     captured = gluon_transposed.MIN_CHUNKS_TO_SPLIT_CAPTURED
     assert gluon_transposed.num_segments(32, 64, 132, captured) == 2
