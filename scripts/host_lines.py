@@ -22,7 +22,8 @@ PROFILED = (ops.chunk_gated_delta_rule, autograd.chunk_gated_delta_rule_triton,
             gluon_kkt_solve.kkt_solve_from_k_gluon, gluon_transposed.forward_t,
             gluon_transposed._launch, gluon_transposed.check_state_inputs, launch.launch,
             validation.check_inputs, fla_options.parse_fla_options, ops.resolve_backend,
-            fused_fwd._eager)
+            fused_fwd._eager, replay.signature, replay._flags, replay.Replay.__call__,
+            replay._view, launch.run_compiled, launch._run)
 
 
 def call(B, T):
