@@ -82,6 +82,17 @@ class GatedDeltaNetCache:
         """Store the ``[B, HV, K, V]`` state leaving the layer."""
         self.recurrent_states[layer_idx] = state
 
+    def detach_(self) -> "GatedDeltaNetCache":
+        """Cut every stored state from the autograd graph that computed it, in place; returns
+        the cache. For truncated backpropagation through time: the states carry the previous
+        step's graph, whose buffers that step's backward freed, so the next step's backward
+        would raise (“Trying to backward through the graph a second time”) without this
+        between the steps."""
+        for states in (self.conv_states, self.recurrent_states):
+            for layer_idx, x in states.items():
+                states[layer_idx] = x.detach()
+        return self
+
     def conv_window(self, layer_idx):
         """The ``[B, C, width]`` conv window cached for the layer, or None before its first
         call (the stored tensor itself: ``update_conv`` replaces it, never writes into it)."""

@@ -63,6 +63,11 @@ class GatedRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
         self.eps = eps
 
+    @torch.no_grad()
+    def reset_parameters(self):
+        """The constructor's weight: ones."""
+        self.weight.fill_(1.0)
+
     def forward(self, x: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
         """x ``[..., D]``, gate ``[..., D]`` or None; returns ``[..., D]`` in x's dtype."""
         cd = _compute_dtype(x.dtype)
@@ -246,6 +251,16 @@ class GatedDeltaNet(nn.Module):
         self.dt_bias = nn.Parameter(torch.empty(num_v_heads, **factory))
         self.norm = GatedRMSNorm(head_v_dim, eps=norm_eps, **factory)
         self.out_proj = nn.Linear(self.value_dim, d_model, bias=False, **factory)
+        self._init_decay()
+
+    def reset_parameters(self):
+        """Initialise every parameter as the constructor does (PyTorch's defaults for the
+        projections and the convolution, ones for the norm, the decay's A_log and dt_bias as
+        :meth:`_init_decay` draws them): for a module built on the meta device and moved with
+        ``to_empty``, whose memory holds no values until this runs."""
+        for part in (self.in_proj, self.conv1d, self.norm, self.out_proj):
+            if part is not None:
+                part.reset_parameters()
         self._init_decay()
 
     @torch.no_grad()

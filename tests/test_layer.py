@@ -528,6 +528,55 @@ def test_standalone_init_is_sane():
     assert math.isclose(layer.norm.eps, 1e-6)
 
 
+def test_reset_parameters_after_a_meta_build():
+    """Built on the meta device and moved with to_empty, the memory holds no values;
+    reset_parameters draws them as the constructor does (the decay in its init ranges, the
+    norm's ones), so the output is that of a freshly constructed layer's kind."""
+    with torch.device("meta"):
+        layer = GatedDeltaNet(64, 2, 4, head_k_dim=16, head_v_dim=16, backend="torch")
+    layer = layer.to_empty(device="cpu")
+    for p in layer.parameters():
+        p.data.fill_(3.3e31)  # what to_empty's memory may hold
+    torch.manual_seed(0)
+    layer.reset_parameters()
+    A, dt = layer.A_log.exp(), F.softplus(layer.dt_bias)
+    assert (A >= 1 - 1e-5).all() and (A <= 16 + 1e-4).all()
+    assert (dt >= 1e-3 * (1 - 1e-4)).all() and (dt <= 0.1 * (1 + 1e-4)).all()
+    assert torch.equal(layer.norm.weight, torch.ones_like(layer.norm.weight))
+    assert all(p.abs().max() < 10 for p in layer.parameters())
+    y = layer(torch.randn(2, 50, 64))
+    assert torch.isfinite(y).all() and 1e-3 < y.std().item() < 10
+
+
+def test_cache_detach_between_truncated_backprop_steps():
+    """Chunks of a stream through one cache, a backward each (truncated backpropagation
+    through time): the second backward reaches into the first step's freed graph unless the
+    cache is detached between them; detached, each step's gradient is that of the step run
+    from the stored state as a constant."""
+    layer = make_layer(torch.float64)
+    x = torch.randn(2, 30, layer.d_model, dtype=torch.float64)
+    cache = GatedDeltaNetCache()
+    layer(x[:, :15], past_key_values=cache).square().sum().backward()
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        layer(x[:, 15:], past_key_values=cache).square().sum().backward()
+    cache = GatedDeltaNetCache()
+    layer(x[:, :15], past_key_values=cache).square().sum().backward()
+    assert cache.detach_() is cache
+    assert not any(t.requires_grad for d in (cache.conv_states, cache.recurrent_states)
+                   for t in d.values())
+    frozen = {n: {i: t.clone() for i, t in d.items()}
+              for n, d in (("conv", cache.conv_states), ("rec", cache.recurrent_states))}
+    layer.zero_grad()
+    layer(x[:, 15:], past_key_values=cache).square().sum().backward()
+    got = [p.grad.clone() for p in layer.parameters()]
+    again = GatedDeltaNetCache()
+    again.conv_states, again.recurrent_states = frozen["conv"], frozen["rec"]
+    layer.zero_grad()
+    layer(x[:, 15:], past_key_values=again).square().sum().backward()
+    assert all(torch.allclose(a, p.grad, rtol=1e-12, atol=0) for a, p in
+               zip(got, layer.parameters()))
+
+
 @pytest.mark.parametrize("backend", ["materialized", "fused"])
 def test_triton_backends_match_torch_backend(backend):
     """Prefill, a decode step (Triton recurrent kernel) and a continuation through the Triton
