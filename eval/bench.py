@@ -74,22 +74,28 @@ def load_fla():
         return None, None
 
 
+def graphed(fn):
+    """fn captured into a CUDA graph: its replay. Warmed up on a side stream first (no compile
+    inside the capture)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def graph_ms(fn):
-    """do_bench median of a CUDA-graph replay of fn: the kernels' own time, without the host
-    work that binds short calls (eval.host_time). Warmed up on a side stream first (no compile
-    inside the capture); None, with the reason printed, if fn cannot be captured."""
+    """do_bench median of a CUDA-graph replay of fn (:func:`graphed`): the kernels' own time,
+    without the host work that binds short calls (eval.host_time); None, with the reason
+    printed, if fn cannot be captured."""
     import triton
     try:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(2):
-                fn()
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        return triton.testing.do_bench(graph.replay, return_mode="median")
+        return triton.testing.do_bench(graphed(fn), return_mode="median")
     except Exception as e:  # a baseline that cannot be captured keeps its other numbers
         print(f"  capture failed: {e!r}", flush=True)
         return None

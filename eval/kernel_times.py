@@ -18,7 +18,7 @@ import argparse
 
 import torch
 
-from .bench import DIM, _shapes, make_inputs
+from .bench import DIM, _shapes, graphed, make_inputs
 
 
 def _call(B, T, backward):
@@ -58,17 +58,6 @@ def timeline(fn, warmup=3):
     rows = [(e.name, getattr(e, "device_resource_id", 0), e.time_range.start - t0,
              e.time_range.end - t0) for e in events]
     return sorted(rows, key=lambda r: r[2])
-
-
-def graphed(fn, warmup=2):
-    """fn captured into a CUDA graph (after ``warmup`` eager calls): its replay."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
 
 
 def print_timeline(label, rows, width=60):

@@ -432,7 +432,7 @@ def _gluon_transposed_chain_t_checkpoints():
 
 def _gluon_dqkwg():
     """The backward's dq/dk/dw/dg kernel in Gluon (kernels/gluon_dqkwg.py)."""
-    from gdn_fused.kernels.gluon_dqkwg import (DESCRIPTOR_BLOCKS, STAGES,
+    from gdn_fused.kernels.gluon_dqkwg import (DESCRIPTOR_BLOCKS, HEADS_IN_TURN, STAGES,
                                                chunk_bwd_dqkwg_gluon_kernel)
     from gdn_fused.kernels.gluon_ring import descriptor_layout
     names = {"v_new": "vn", "dv2": "dv"}
@@ -440,7 +440,8 @@ def _gluon_dqkwg():
            for n, b in DESCRIPTOR_BLOCKS.items()}
     sig.update(G="*fp64", dg="*fp32", s_dg="i32", scale="fp32", num_units="i32", NBH="i32",
                T="i32", stage0="i32")
-    return chunk_bwd_dqkwg_gluon_kernel, sig, dict(H=16, HV=32, K=128, V=128, STAGES=STAGES)
+    return chunk_bwd_dqkwg_gluon_kernel, sig, dict(H=16, HV=32, K=128, V=128, STAGES=STAGES,
+                                                   UH=16 if HEADS_IN_TURN else 32)
 
 
 def _gluon_wu_bwd():

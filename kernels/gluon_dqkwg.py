@@ -281,14 +281,13 @@ def chunk_bwd_dqkwg_gluon_kernel(h_desc, dh_desc, vn_desc, do_desc, dv_desc, q_d
                                  dq_desc, dk_desc, dw_desc, G, dg, s_dg, scale, num_units, NBH,
                                  T, stage0, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
                                  V: gl.constexpr, STAGES: gl.constexpr,
-                                 UH: gl.constexpr = 0):
+                                 UH: gl.constexpr):
     """Grid (CTAs,): each loops over units pid, pid + CTAs, … of num_units (NBH = B·UH), a
-    unit's HV / UH value heads in turn (UH: H with HEADS_IN_TURN, else HV; 0: H).
+    unit's HV / UH value heads in turn (UH: H with HEADS_IN_TURN, else HV).
     stage0 is 0, passed at run time so that the compute warpgroup's stage index j % (STAGES +
     stage0) stays a computation in the item loop: with one stage a constant index lets LLVM
     hoist every operand's address and wgmma descriptor out of it, which spills (eval.ptxas:
     368 against 104 bytes of spill stores)."""
-    UNIT_HEADS: gl.constexpr = H if UH == 0 else UH
     BT: gl.constexpr = vn_desc.block_type.shape[0]
     BK: gl.constexpr = q_desc.block_type.shape[1]
     descs = (h_desc, dh_desc, vn_desc, do_desc, dv_desc, q_desc, k_desc)
@@ -307,9 +306,9 @@ def chunk_bwd_dqkwg_gluon_kernel(h_desc, dh_desc, vn_desc, do_desc, dv_desc, q_d
     bars = (ready_big, empty_big, ready_small, empty_small)
     gl.warp_specialize([
         (_compute, (bufs, bars, p_tile, o_tile, dq_desc, dk_desc, dw_desc, G, dg, s_dg,
-                    scale, num_units, NBH, T, stage0, HV, K, UNIT_HEADS)),
+                    scale, num_units, NBH, T, stage0, HV, K, UH)),
         (_producer, (descs, bufs, bars, num_units, NBH, T, gl.cdiv(T, BT), H, HV, K, V,
-                     UNIT_HEADS)),
+                     UH)),
     ], [LOAD_WARPS], [LOAD_REGS])
 
 

@@ -50,9 +50,11 @@ def test_matches_chunk_bwd_dqkwg(case, heads_in_turn, monkeypatch):
     from gdn_fused.kernels import gluon_dqkwg
     from gdn_fused.kernels.chunk_bwd_dqkwg import chunk_bwd_dqkwg
     from gdn_fused.kernels.gluon_dqkwg import chunk_bwd_dqkwg_gluon
-    monkeypatch.setattr(gluon_dqkwg, "HEADS_IN_TURN", heads_in_turn)
     from gdn_fused.kernels.materialized import gluon_tiles_apply
     _, B, T, H, HV, gate = case
+    if H == HV and not heads_in_turn:
+        pytest.skip("a group of one value head: both orders are one launch")
+    monkeypatch.setattr(gluon_dqkwg, "HEADS_IN_TURN", heads_in_turn)
     q, k, v_new, h, dh, g, G, do, dv2 = intermediates(B, T, H, HV, gate)
     assert gluon_tiles_apply(q, do, 64, None)
     ref = chunk_bwd_dqkwg(q, k, v_new, h, dh, g, do, dv2, 128 ** -0.5, 64,
